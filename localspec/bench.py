@@ -1,0 +1,470 @@
+"""`localspec bench`: plain vs speculative decoding on a prompt suite, in one process, interleaved.
+
+Every prompt is run once per variant (plain, one speculative variant per -k value, and optionally
+llama-cpp-python's own paths) before the next prompt starts, in alternating order (A B C, C B A, …),
+so drift of the machine (thermal, other load) falls on all variants alike. Each run starts from an
+empty KV cache: prefill (the prompt minus its last token, into the target and, for a draft model,
+into the draft) is timed apart; decoding is timed as wall-clock seconds from the first step to the
+last, and tokens/s = generated tokens / those seconds. A short warm-up run per variant comes first
+and is not counted.
+
+Each speculative variant keeps ONE `KController` for the whole suite (all prompts, all repeats), as a
+long-running server or chat session would: learned costs and acceptance carry over from prompt to
+prompt, and its final state is reported. Plain and speculative runs of a prompt use the same seed
+(seed + repeat index); at temperature 0 their outputs are compared token by token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .config import ConfigError, DecodeConfig, SamplingConfig
+from .controller import KController, expected_tokens
+from .decoder import Step, generate_steps
+from .stats import RunStats
+
+SCHEMA = "localspec.bench/1"
+KEYS = {"category": str, "prompt": str, "max_tokens": int, "system": str}
+COMPARE = ("llama-cpp-python",)
+K_MAX = 12                  # adaptive variants choose k in 1..K_MAX (DecodeConfig's default)
+WARMUP_TOKENS = 16
+REFERENCE_LOOKUP = 10       # LlamaPromptLookupDecoding's own default num_pred_tokens
+
+Progress = Callable[[int, int, str], None]   # (runs done, runs in all, what runs next)
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    category: str
+    prompt: str
+    max_tokens: int | None = None
+    """Overrides --max-tokens for this prompt."""
+    system: str | None = None
+    source: str = ""
+    """"FILE:LINE", for messages."""
+
+
+def builtin_prompts_file() -> Path:
+    return Path(str(resources.files("localspec") / "data" / "bench_prompts.jsonl"))
+
+
+def _json_type(value: object) -> str:
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
+    """The suite in a JSONL file (None = the built-in one); a bad line raises a one-line ConfigError
+    naming the file and line."""
+    file = Path(path).expanduser() if path else builtin_prompts_file()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"prompts file not found: {file}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read prompts file {file}: {e}") from None
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{file}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f'{where}: expected an object like {{"category": "chat", "prompt": "..."}}, '
+                              f"got {_json_type(obj)}")
+        unknown = sorted(set(obj) - set(KEYS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(KEYS)})")
+        if "prompt" not in obj:
+            raise ConfigError(f'{where}: missing "prompt"')
+        for key, typ in KEYS.items():
+            value = obj.get(key)
+            if key in obj and (not isinstance(value, typ) or isinstance(value, bool)):
+                want = "an integer" if typ is int else "a string"
+                raise ConfigError(f'{where}: "{key}" must be {want}, got {_json_type(value)}')
+        if not obj["prompt"].strip():
+            raise ConfigError(f'{where}: "prompt" is empty')
+        category = obj.get("category", "custom").strip()
+        if not category:
+            raise ConfigError(f'{where}: "category" is empty')
+        if obj.get("max_tokens", 1) < 1:
+            raise ConfigError(f'{where}: "max_tokens" must be >= 1, got {obj["max_tokens"]}')
+        prompts.append(BenchPrompt(category, obj["prompt"], obj.get("max_tokens"), obj.get("system"), where))
+    if not prompts:
+        raise ConfigError(f"{file}: no prompts (expected one JSON object per line)")
+    return prompts
+
+
+def select_categories(prompts: list[BenchPrompt], categories: Sequence[str] | None) -> list[BenchPrompt]:
+    if not categories:
+        return prompts
+    known = list(dict.fromkeys(p.category for p in prompts))
+    for c in categories:
+        if c not in known:
+            raise ConfigError(f"no prompts in category {c!r}; the suite has: {', '.join(known)}")
+    return [p for p in prompts if p.category in categories]
+
+
+def parse_k_sweep(value: str | None) -> list[int | None]:
+    """'auto' (None), a number, or a comma list of them ('1,2,4,8', 'auto,4'): one variant each."""
+    out: list[int | None] = []
+    for item in ("auto" if value is None else value).split(","):
+        item = item.strip().lower()
+        if item == "auto":
+            k = None
+        else:
+            try:
+                k = int(item)
+            except ValueError:
+                raise ConfigError(f"draft tokens (-k) must be a number, 'auto' or a list like 1,2,4,8; "
+                                  f"got {value!r}") from None
+            if k < 1:
+                raise ConfigError(f"draft tokens (-k) must be >= 1 in a bench (plain decoding is always "
+                                  f"measured), got {k}")
+        if k not in out:
+            out.append(k)
+    return out
+
+
+@dataclass(frozen=True)
+class Variant:
+    kind: str                  # "plain" | "spec" | "reference"
+    key: str                   # plain: "plain"; spec: "auto" or k; reference: "plain" or "lookup"
+    k: int | None = None       # spec: fixed k (None = adaptive); reference: lookup num_pred_tokens
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.kind == "plain" else f"{self.kind}:{self.key}"
+
+
+@dataclass
+class Run:
+    variant: Variant
+    prompt: int
+    repeat: int
+    n_prompt: int
+    tokens: list[int]
+    steps: list[Step]          # empty for reference runs
+    prefill: float
+    decode: float
+    finish: str | None
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    sampling: SamplingConfig
+    ks: tuple[int | None, ...] = (None,)
+    max_tokens: int = 128
+    repeat: int = 1
+    chat: bool = True
+    compare: str | None = None
+    warmup: bool = True
+
+
+def _run_local(session, v: Variant, prompt: list[int], sampling: SamplingConfig, max_tokens: int,
+               controller: KController | None, i: int = -1, r: int = 0) -> Run:
+    target = session.target
+    drafter = session.make_drafter() if v.kind == "spec" else None
+    k_max = max(K_MAX, v.k or 0)
+    decode = DecodeConfig(max_tokens=max_tokens, k=v.k if v.kind == "spec" else 0, k_max=k_max)
+    target.reset()
+    t0 = time.perf_counter()
+    target.sync(prompt[:-1])
+    if drafter is not None and session.draft is not None and drafter.name == "model":
+        session.draft.reset()
+        session.draft.sync(prompt[:-1])
+    t1 = time.perf_counter()
+    steps = list(generate_steps(target, drafter, prompt, sampling, decode, controller))
+    t2 = time.perf_counter()
+    tokens = [t for s in steps for t in s.tokens]
+    return Run(v, i, r, len(prompt), tokens, steps, t1 - t0, t2 - t1, steps[-1].finish if steps else None)
+
+
+def _run_reference(ref, v: Variant, prompt: list[int], sampling: SamplingConfig, max_tokens: int,
+                   i: int = -1, r: int = 0) -> Run:
+    tokens, prefill, decode = ref.generate(prompt, max_tokens, temperature=sampling.temperature,
+                                           top_k=sampling.top_k, top_p=sampling.top_p,
+                                           min_p=sampling.min_p, seed=sampling.seed)
+    return Run(v, i, r, len(prompt), tokens, [], prefill, decode,
+               "length" if len(tokens) >= max_tokens else "stop")
+
+
+def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompts_file: str | None = None,
+              progress: Progress | None = None, notice: Callable[[str], None] | None = None) -> dict:
+    """Run the suite on a loaded `Session` and return the report (see docs/bench-schema.md)."""
+    if session.drafter_kind == "none":
+        raise ConfigError("bench compares plain with speculative decoding; --drafter none leaves nothing to compare")
+    if opts.compare is not None and opts.compare not in COMPARE:
+        raise ConfigError(f"--compare must be one of: {', '.join(COMPARE)}; got {opts.compare!r}")
+    notice = notice or (lambda m: None)
+    load_start = _load_average()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load_start is not None and load_start >= cpus:
+        notice(f"localspec: load average {load_start:.1f} on {cpus} CPUs: other work is running, so timings "
+               "will be noisy (and llama.cpp threads slow down badly when they outnumber the free cores)")
+    target = session.target
+    chat = opts.chat
+    if chat and target.chat_template is None:
+        notice(f"localspec: {target.name} has no chat template; sending the prompts as raw text")
+        chat = False
+    encoded = []
+    for p in prompts:
+        toks = session.prompt_tokens(p.prompt, chat, p.system)
+        if len(toks) >= target.n_ctx - 1:
+            raise ConfigError(f"prompt {p.source} is {len(toks)} tokens, too long for n_ctx {target.n_ctx} "
+                              "(raise --n-ctx)")
+        encoded.append(toks)
+    base_seed = opts.sampling.seed if opts.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+    cost_free = session.make_drafter().draft_cost_free
+    variants = [Variant("plain", "plain")] + [Variant("spec", "auto" if k is None else str(k), k) for k in opts.ks]
+    controllers = {v.key: KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=cost_free)
+                   for v in variants if v.kind == "spec"}
+    refs: dict[str, object] = {}
+    lookup_n = max((k for k in opts.ks if k is not None), default=REFERENCE_LOOKUP)
+    try:
+        if opts.compare:
+            from .engine import ReferenceModel
+
+            for key, n in (("plain", None), ("lookup", lookup_n)):
+                notice(f"localspec: loading llama-cpp-python's Llama ({key}) for --compare…")
+                refs[key] = ReferenceModel(target.path, n_ctx=target.n_ctx, threads=target.n_threads,
+                                           gpu_layers=target.cfg.n_gpu_layers, lookup_tokens=n)
+                variants.append(Variant("reference", key, n))
+        total = (len(variants) if opts.warmup else 0) + opts.repeat * len(prompts) * len(variants)
+        done = 0
+
+        def one(v, i, r, sampling, max_tokens, controller):
+            nonlocal done
+            if progress:
+                what = "warm-up" if i < 0 else f"{prompts[i].category} #{i + 1}"
+                progress(done, total, f"{what} · {v.name}")
+            if v.kind == "reference":
+                run = _run_reference(refs[v.key], v, encoded[max(i, 0)], sampling, max_tokens, i, r)
+            else:
+                run = _run_local(session, v, encoded[max(i, 0)], sampling, max_tokens, controller, i, r)
+            done += 1
+            return run
+
+        if opts.warmup:  # not counted; throwaway controllers, so the suite's start from scratch
+            warm = replace(opts.sampling, seed=base_seed)
+            for v in variants:
+                one(v, -1, 0, warm, min(WARMUP_TOKENS, opts.max_tokens),
+                    KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=cost_free))
+        runs: list[Run] = []
+        for r in range(opts.repeat):
+            sampling = replace(opts.sampling, seed=(base_seed + r) % 2**31)
+            for i, p in enumerate(prompts):
+                order = variants if (r * len(prompts) + i) % 2 == 0 else variants[::-1]
+                for v in order:
+                    runs.append(one(v, i, r, sampling, p.max_tokens or opts.max_tokens, controllers.get(v.key)))
+        if progress:
+            progress(done, total, "done")
+    finally:
+        for ref in refs.values():
+            ref.close()
+
+    categories = list(dict.fromkeys(p.category for p in prompts))
+    lookup_used = lookup_n if opts.compare else None
+    return {
+        "schema": SCHEMA,
+        "config": {
+            **session.describe(),
+            "chat": chat,
+            "temperature": opts.sampling.temperature,
+            "top_k": opts.sampling.top_k,
+            "top_p": opts.sampling.top_p,
+            "min_p": opts.sampling.min_p,
+            "seed": base_seed,
+            "max_tokens": opts.max_tokens,
+            "repeat": opts.repeat,
+            "k": ["auto" if k is None else k for k in opts.ks],
+            "k_max": K_MAX,
+            "n_ctx": target.n_ctx,
+            "threads": target.n_threads,
+            "prompts_file": prompts_file,
+            "n_prompts": len(prompts),
+            "categories": categories,
+            "compare": opts.compare,
+            "reference_lookup_tokens": lookup_used,
+            "warmup": opts.warmup,
+            "order": "interleaved, alternating",
+            "controller_scope": "suite",
+            "load_average": None if load_start is None else [load_start, _load_average()],
+            "localspec_version": _version("localspec"),
+            "llama_cpp_python_version": _version("llama-cpp-python"),
+        },
+        "categories": {c: _group(runs, variants, {i for i, p in enumerate(prompts) if p.category == c},
+                                 opts.sampling.greedy) for c in categories},
+        "overall": _group(runs, variants, set(range(len(prompts))), opts.sampling.greedy),
+        "controllers": {key: c.snapshot() for key, c in controllers.items()},
+        "runs": [_run_json(run, prompts) for run in runs],
+    }
+
+
+def _load_average() -> float | None:
+    """1-minute load average: other work on the machine makes every number here noisier."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _local_summary(runs: list[Run]) -> dict:
+    st = RunStats()
+    for run in runs:
+        for s in run.steps:
+            st.add(s)
+    decode = sum(r.decode for r in runs)
+    prefill = sum(r.prefill for r in runs)
+    n_prompt = sum(r.n_prompt for r in runs)
+    lat = st.latency_percentiles()
+    return {
+        "n_runs": len(runs),
+        "n_tokens": st.n_tokens,
+        "n_steps": st.n_steps,
+        "decode_seconds": decode,
+        "tokens_per_second": _ratio(st.n_tokens, decode),
+        "tokens_per_step": st.tokens_per_step,
+        "prefill_seconds": prefill,
+        "n_prompt_tokens": n_prompt,
+        "prefill_tokens_per_second": _ratio(n_prompt, prefill),
+        "latency_ms": {q: None if t is None else 1000 * t for q, t in lat.items()},
+        "time_split": {"draft": st.t_draft, "verify": st.t_verify, "python": st.t_python,
+                       "outside": max(decode - st.seconds, 0.0)},
+        "_stats": st,
+    }
+
+
+def _bound(spec: list[Run], plain: list[Run], fixed_k: int | None, k_max: int) -> dict | None:
+    """E(α,k)·t_plain / (k·t_draft + t_verify(k+1)) from this group's measurements: α over all drafted
+    tokens, t_plain = mean plain verify time, t_draft per drafted token, t_verify(b) the mean at each
+    measured batch size (interpolated between them, never extrapolated). A fixed k is evaluated at
+    k (or the largest batch measured, if drafts were always shorter); "auto" at its best k."""
+    t_plain = [s.t_verify for r in plain for s in r.steps]
+    steps = [s for r in spec for s in r.steps]
+    drafting = [s for s in steps if s.n_drafted]
+    n_drafted = sum(s.n_drafted for s in drafting)
+    if not t_plain or not n_drafted:
+        return None
+    t1 = float(np.mean(t_plain))
+    alpha = sum(s.n_accepted for s in drafting) / n_drafted
+    t_draft = sum(s.t_draft for s in drafting) / n_drafted
+    by_b: dict[int, list[float]] = {}
+    for s in drafting:
+        by_b.setdefault(s.n_drafted + 1, []).append(s.t_verify)
+    xs = [1, *sorted(by_b)]
+    ys = [t1, *(float(np.mean(by_b[b])) for b in xs[1:])]
+    top = min(xs[-1] - 1, k_max)
+    ks = [fixed_k if fixed_k in range(1, top + 1) else top] if fixed_k is not None else range(1, top + 1)
+    best = None
+    for k in ks:
+        t_v = float(np.interp(k + 1, xs, ys))
+        value = expected_tokens(alpha, k) * t1 / (k * t_draft + t_v)
+        if best is None or value > best["speedup"]:
+            best = {"speedup": value, "k": k, "alpha": alpha, "t_plain_ms": 1000 * t1,
+                    "t_draft_ms": 1000 * t_draft, "t_verify_ms": 1000 * t_v}
+    return best
+
+
+def _matches(runs: list[Run], plain_by: dict, greedy: bool) -> float | None:
+    """Fraction of runs whose output equals the plain run of the same prompt (temperature 0 only)."""
+    pairs = [(r.tokens, plain_by.get((r.prompt, r.repeat))) for r in runs]
+    pairs = [(a, b) for a, b in pairs if b is not None]
+    if not greedy or not pairs:
+        return None
+    return sum(a == b for a, b in pairs) / len(pairs)
+
+
+def _group(runs: list[Run], variants: list[Variant], members: set[int], greedy: bool) -> dict:
+    mine = [r for r in runs if r.prompt in members]
+    of = lambda v: [r for r in mine if r.variant == v]  # noqa: E731
+    plain_runs = of(variants[0])
+    plain_by = {(r.prompt, r.repeat): r.tokens for r in plain_runs}
+    plain = _local_summary(plain_runs)
+    spec: dict[str, dict] = {}
+    for v in variants:
+        if v.kind != "spec":
+            continue
+        s = _local_summary(of(v))
+        st: RunStats = s["_stats"]
+        s.update({
+            "k": "auto" if v.k is None else v.k,
+            "alpha": st.alpha,
+            "acceptance_by_position": st.acceptance_by_position(),
+            "mean_accepted": st.mean_accepted,
+            "mean_k": st.k_sum / st.n_steps if st.n_steps else None,
+            "n_drafted": st.n_drafted,
+            "n_accepted": st.n_accepted,
+            "drafting_step_fraction": _ratio(st.drafted_at[0] if st.drafted_at else 0, st.n_steps),
+            "speedup": _ratio(s["tokens_per_second"], plain["tokens_per_second"]),
+            "bound": _bound(of(v), plain_runs, v.k, max(K_MAX, v.k or 0)),
+            "greedy_match": _matches(of(v), plain_by, greedy),
+        })
+        spec[v.key] = s
+    reference = None
+    if any(v.kind == "reference" for v in variants):
+        reference = {}
+        for v in variants:
+            if v.kind != "reference":
+                continue
+            rr = of(v)
+            n = sum(len(r.tokens) for r in rr)
+            decode, prefill = sum(r.decode for r in rr), sum(r.prefill for r in rr)
+            tps = _ratio(n, decode)
+            reference[v.key] = {
+                "n_runs": len(rr),
+                "n_tokens": n,
+                "decode_seconds": decode,
+                "tokens_per_second": tps,
+                "prefill_seconds": prefill,
+                "lookup_tokens": v.k,
+                "greedy_match": _matches(rr, plain_by, greedy),
+                "localspec_speedup": {"plain": _ratio(plain["tokens_per_second"], tps),
+                                      **{key: _ratio(x["tokens_per_second"], tps) for key, x in spec.items()}},
+            }
+    for s in (plain, *spec.values()):
+        del s["_stats"]
+    return {"n_prompts": len({r.prompt for r in plain_runs}), "plain": plain, "spec": spec, "reference": reference}
+
+
+def _run_json(run: Run, prompts: list[BenchPrompt]) -> dict:
+    alpha = None
+    if run.variant.kind == "spec":
+        drafted = sum(s.n_drafted for s in run.steps)
+        alpha = sum(s.n_accepted for s in run.steps) / drafted if drafted else None
+    return {
+        "prompt": run.prompt,
+        "category": prompts[run.prompt].category,
+        "repeat": run.repeat,
+        "variant": run.variant.name,
+        "n_prompt_tokens": run.n_prompt,
+        "n_tokens": len(run.tokens),
+        "n_steps": len(run.steps) if run.steps else None,
+        "prefill_seconds": run.prefill,
+        "decode_seconds": run.decode,
+        "tokens_per_second": _ratio(len(run.tokens), run.decode),
+        "alpha": alpha,
+        "finish": run.finish,
+    }

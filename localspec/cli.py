@@ -1,0 +1,248 @@
+"""`localspec` command line: generate, plus commands registered by other modules and by `tui`."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import List, NoReturn, Optional
+
+import typer
+
+from .config import ConfigError, DecodeConfig, SamplingConfig
+
+app = typer.Typer(
+    name="localspec",
+    help="Exact speculative decoding for local LLMs on llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: object) -> NoReturn:
+    """One line on stderr, exit code 2: how every bad input ends."""
+    text = " ".join(str(message).split()) or type(message).__name__
+    typer.echo(f"error: {text}", err=True)
+    raise typer.Exit(2)
+
+
+def parse_k(value: str | None) -> int | None:
+    """'auto' (None) or a non-negative integer."""
+    if value is None or value.strip().lower() == "auto":
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        fail(f"draft tokens (-k) must be a number or 'auto', got {value!r}")
+    if k < 0:
+        fail(f"draft tokens (-k) must be >= 0, got {k}")
+    return k
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Options after merging: explicit flag > preset > built-in default."""
+
+    load: object
+    sampling: SamplingConfig
+    k: int | None
+
+
+def resolve_options(
+    *,
+    preset: str | None,
+    target: str | None,
+    draft: str | None,
+    drafter: str | None,
+    k: str | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    seed: int | None,
+    n_ctx: int | None,
+    threads: int | None,
+    target_gpu_layers: int | None,
+    draft_gpu_layers: int | None,
+) -> Resolved:
+    """Shared by generate, bench and chat so that every command reads options the same way."""
+    from .session import LoadConfig
+
+    base = SamplingConfig()
+    p = None
+    if preset:
+        from .presets import load_preset, resolve_model
+
+        p = load_preset(preset)
+        if target is None:
+            target = str(resolve_model(p.target, preset=p.name))
+        if draft is None and p.draft is not None and (drafter or p.drafter) == "model":
+            draft = str(resolve_model(p.draft, preset=p.name))
+        drafter = drafter or p.drafter
+        base = p.sampling()
+        n_ctx = n_ctx or p.n_ctx
+    pick = lambda given, default: default if given is None else given  # noqa: E731
+    sampling = SamplingConfig(
+        temperature=pick(temperature, base.temperature),
+        top_k=pick(top_k, base.top_k),
+        top_p=pick(top_p, base.top_p),
+        min_p=pick(min_p, base.min_p),
+        seed=seed if seed is not None else secrets.randbits(31),
+    )
+    load = LoadConfig(
+        target=target,
+        draft=draft,
+        drafter=drafter,
+        n_ctx=pick(n_ctx, 4096),
+        threads=threads,
+        target_gpu_layers=pick(target_gpu_layers, -1),
+        draft_gpu_layers=pick(draft_gpu_layers, -1),
+    )
+    k_value = parse_k(k) if k is not None else (p.k if p is not None else None)
+    return Resolved(load, sampling, k_value)
+
+
+def read_prompt(prompt: str) -> str:
+    if prompt == "-":
+        text = sys.stdin.read()
+        if not text.strip():
+            fail("empty prompt on stdin")
+        return text
+    if not prompt:
+        fail("empty prompt")
+    return prompt
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="The prompt; '-' reads it from stdin."),
+    target: Optional[str] = typer.Option(None, "--target", help="Target GGUF (default: embedded SmolLM2-135M F32)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF sharing the target's tokenizer."),
+    drafter: Optional[str] = typer.Option(
+        None, "--drafter", help="model | lookup | none (default: model when a draft is available, else lookup)."
+    ),
+    k: Optional[str] = typer.Option(None, "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy (default 0.8)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k truncation, 0 = off (default 40)."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus truncation, 1 = off (default 0.95)."),
+    min_p: Optional[float] = typer.Option(None, "--min-p", help="Min-p truncation, 0 = off (default 0.05)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default: random, reported in --json)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many tokens."),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="Context length (default 4096)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: this machine's cores)."),
+    target_gpu_layers: Optional[int] = typer.Option(None, "--target-gpu-layers", help="Target layers on the GPU (-1 = all)."),
+    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all)."),
+    chat: bool = typer.Option(True, "--chat/--raw", help="Apply the GGUF's chat template (default) or send raw text."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat mode)."),
+    stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Model preset from `localspec models`; flags override it."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+) -> None:
+    """Generate text with speculative decoding; the output is distributed exactly as the target's."""
+    from .engine import EngineError
+
+    text = read_prompt(prompt)
+    try:
+        opts = resolve_options(
+            preset=preset, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
+            top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, n_ctx=n_ctx, threads=threads,
+            target_gpu_layers=target_gpu_layers, draft_gpu_layers=draft_gpu_layers,
+        )
+        decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop or ()))
+        _generate(text, opts, decode, chat, system, as_json)
+    except (ConfigError, EngineError) as e:
+        fail(e)
+
+
+def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as_json: bool) -> None:
+    import time
+
+    from .session import Session
+    from .stats import RunStats
+    from .stream import stream_text
+
+    session = Session.load(opts.load)
+    target = session.target
+    if chat and target.chat_template is None:
+        typer.echo(f"localspec: {target.name} has no chat template; sending the prompt as raw text", err=True)
+        chat = False
+    tokens = session.prompt_tokens(text, chat, system)
+    if len(tokens) >= target.n_ctx - 1:
+        fail(f"prompt is {len(tokens)} tokens, too long for n_ctx {target.n_ctx} (raise --n-ctx)")
+    drafter = session.make_drafter()
+    stats = RunStats()
+    pieces: list[str] = []
+    out_tokens: list[int] = []
+    start = time.perf_counter()
+    first_step_at = None
+    for chunk in stream_text(target, drafter, tokens, opts.sampling, decode):
+        if first_step_at is None:
+            first_step_at = time.perf_counter() - start - chunk.step.t_draft - chunk.step.t_verify - chunk.step.t_python
+        stats.add(chunk.step)
+        out_tokens.extend(chunk.step.tokens)
+        pieces.append(chunk.text)
+        if not as_json and chunk.text:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    result = {
+        "text": "".join(pieces),
+        "tokens": out_tokens,
+        **stats.summary(),
+        "prefill_seconds": first_step_at,
+        "n_prompt_tokens": len(tokens),
+        "acceptance_by_position": stats.acceptance_by_position(),
+        "drafter": session.drafter_kind,
+        "k": "auto" if decode.k is None else decode.k,
+        "temperature": opts.sampling.temperature,
+        "top_k": opts.sampling.top_k,
+        "top_p": opts.sampling.top_p,
+        "min_p": opts.sampling.min_p,
+        "seed": opts.sampling.seed,
+        "target": str(target.path),
+        "draft": str(session.draft.path) if session.draft else None,
+    }
+    session.close()
+    if as_json:
+        typer.echo(json.dumps(result, ensure_ascii=False))
+        return
+    sys.stdout.write("\n")
+    typer.echo(summary_line(result), err=True)
+
+
+def summary_line(r: dict) -> str:
+    alpha = "—" if r["alpha"] is None else f"{r['alpha']:.3f}"
+    tps = r["tokens_per_second"] or 0.0
+    return (
+        f"α {alpha} · {r['tokens_per_step'] or 0:.2f} tokens/target pass · {tps:.1f} tokens/s · "
+        f"{r['n_steps']} steps · {r['n_tokens']} tokens · drafter {r['drafter']} · k {r['k']}"
+    )
+
+
+def _register_commands() -> None:
+    from . import cli_presets
+
+    cli_presets.register(app)
+    for module in ("cli_bench", "cli_doctor"):
+        try:
+            mod = __import__(f"localspec.{module}", fromlist=["register"])
+        except ModuleNotFoundError:
+            continue
+        mod.register(app)
+    # Commands from other packages (the terminal UI registers `chat`) arrive through entry points,
+    # so this package never imports them directly.
+    for ep in entry_points(group="localspec.commands"):
+        ep.load()(app)
+
+
+_register_commands()
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise SystemExit(130)

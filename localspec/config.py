@@ -1,0 +1,82 @@
+"""Frozen configuration records shared by the library, the CLI and the TUI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; the CLI prints it as one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a next-token distribution is drawn from a row of logits.
+
+    The same processing is applied to the draft's and the target's logits, so the acceptance rule
+    compares exactly the distributions that would have been sampled.
+    """
+
+    temperature: float = 0.8
+    """Softmax temperature. 0 means greedy (argmax of the raw logits)."""
+    top_k: int = 40
+    """Keep only the k most likely tokens; 0 disables."""
+    top_p: float = 0.95
+    """Keep the smallest set of tokens whose probability sums to at least top_p; 1.0 disables."""
+    min_p: float = 0.05
+    """Drop tokens whose probability is below min_p times the top token's; 0 disables."""
+    seed: int | None = None
+    """Seed of the random generator used for drafting and acceptance; None draws one at random."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(f"min-p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is deterministic argmax."""
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Where a GGUF lives and how llama.cpp should run it."""
+
+    path: str
+    """Path to the GGUF file."""
+    n_ctx: int = 4096
+    """Context length (tokens) of the KV cache."""
+    n_threads: int | None = None
+    """CPU threads for decoding; None uses llama.cpp's choice for this machine."""
+    n_gpu_layers: int = -1
+    """Layers offloaded to the GPU; -1 means all (ignored by CPU-only builds)."""
+    n_batch: int = 512
+    """Largest number of tokens handed to one llama_decode call (prefill is chunked by it)."""
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """What a generation run asks for, beyond sampling."""
+
+    max_tokens: int = 256
+    """Stop after this many generated tokens."""
+    k: int | None = None
+    """Fixed number of draft tokens per step; None lets the adaptive controller choose."""
+    k_max: int = 12
+    """Upper bound for the adaptive draft length."""
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    """Stop strings: generation ends before the first occurrence of any of them."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max-tokens must be >= 1, got {self.max_tokens}")
+        if self.k is not None and self.k < 0:
+            raise ConfigError(f"draft tokens (-k) must be >= 0, got {self.k}")
+        if self.k_max < 1:
+            raise ConfigError(f"k-max must be >= 1, got {self.k_max}")

@@ -1,0 +1,287 @@
+"""Adaptive draft length: pick the k that maximises expected tokens per second.
+
+A step drafts k tokens (k * t_draft s) and verifies them in one target decode of b = k + 1 tokens
+(t_verify(b) s), yielding E(k) = 1 + sum_{i<=k} prod_{j<=i} a_i tokens for per-position acceptance
+rates a_i. k = 0 is plain decoding. Rates and costs are learned online from the decoder's reports:
+on a CPU t_verify grows with b, on a GPU it is nearly flat, and acceptance changes with the text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ALPHA_PRIOR = 0.7          # acceptance before any data: typical for a same-family draft
+ALPHA_PRIOR_WEIGHT = 2.0   # worth two trials, so real data take over at once
+ALPHA_DECAY = 0.98         # per accept/reject trial: remembers ~50 trials
+POSITION_DECAY = 0.95      # per observation of that position: ~20 observations
+POSITION_SHRINK = 3.0      # pseudo-trials of the overall rate mixed into each position's rate
+COST_WEIGHT = 0.25         # weight of a new timing in a cost EWMA
+COST_CLIP = 2.0            # one timing moves an estimate by at most this factor (GC pauses etc.)
+COST_STALE = 32            # a batch size unmeasured for this many steps: its new timing counts half
+VERIFY_PRIOR_SLOPE = 0.1   # t_verify(b) ~ 1 + 0.1 (b - 1) until two batch sizes are measured
+START_K = 4                # first step drafts a moderate k to measure t_draft and alpha
+PROBE_K = 2                # while plain, probe with at least this many drafts...
+PROBE_OVERHEAD = 0.005     # ...as often as keeps the expected loss to ~0.5% of plain throughput,
+PROBE_OPTIMISM = 2.0       # (judged optimistically while estimates rest on few trials)
+PROBE_MIN, PROBE_MAX = 4, 48   # but every 4 to 48 plain steps
+CHANGE_DROP = 7.0          # CUSUM thresholds (log-likelihood ratios) for "the text changed":
+CHANGE_RISE = 5.0          # a false drop alarm stalls good speculation, a false rise costs a probe
+FORGET = 0.15              # on an alarm old trials keep only this weight
+REFRESH_PLAIN = 64         # re-measure t_verify(1) after this many steps without a plain step
+EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbours' costs fresh
+
+
+_FULL_POSITION = 1 / (1 - POSITION_DECAY) + POSITION_SHRINK   # weights of a saturated EWMA
+_FULL_ALPHA = 1 / (1 - ALPHA_DECAY)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per step with k drafts and per-token acceptance alpha (bonus included)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def _ewma(old: float | None, new: float, weight: float) -> float:
+    if old is None:
+        return new
+    new = min(max(new, old / COST_CLIP), old * COST_CLIP)
+    return (1.0 - weight) * old + weight * new
+
+
+def _cusum(total: float, hits: np.ndarray, p: np.ndarray, q: np.ndarray) -> float:
+    """CUSUM recursion over Bernoulli trials: evidence for rate q against rate p."""
+    for x in np.where(hits, np.log(q / p), np.log((1 - q) / (1 - p))).tolist():
+        total = max(0.0, total + x)
+    return total
+
+
+class KController:
+    """Chooses the draft length per step and learns acceptance and cost statistics."""
+
+    def __init__(self, k_max: int = 12, fixed_k: int | None = None, *,
+                 draft_cost_free: bool = False) -> None:
+        if k_max < 0 or (fixed_k is not None and fixed_k < 0):
+            raise ValueError("k_max and fixed_k must be >= 0")
+        # A fixed k above k_max still needs per-position slots for its statistics.
+        self.k_max = max(k_max, fixed_k or 0)
+        self.fixed_k = fixed_k
+        self.draft_cost_free = draft_cost_free
+        # Acceptance as discounted Beta counts: s = weighted successes, w = weighted trials.
+        # Decaying both is an EWMA whose start-up bias is replaced by the prior.
+        self._acc_s, self._acc_w = ALPHA_PRIOR * ALPHA_PRIOR_WEIGHT, ALPHA_PRIOR_WEIGHT
+        self._trials = 0
+        self._pos_s = np.zeros(self.k_max)
+        self._pos_w = np.zeros(self.k_max)
+        self._cusum_low = self._cusum_high = 0.0   # change detection, see _detect_change
+        self._verify: dict[int, float] = {}        # batch size b -> EWMA seconds
+        self._verified_at: dict[int, int] = {}     # batch size b -> step of its last timing
+        self._curve: np.ndarray | None = None      # verify_cost(1..k_max+1), refitted lazily
+        self._draft: float | None = None           # seconds per drafted token
+        self._steps = 0
+        self._since_plain = 0      # steps since t_verify(1) was last measured
+        self._since_probe = 0      # plain steps since the last probe
+        self._probe_every = PROBE_MIN
+        self._probing = False
+        self._streak = 0           # consecutive surprisingly good probes, see _maybe_probe
+        self._spec_steps = 0
+        self.last_k: int | None = None
+
+    # ---- choosing -------------------------------------------------------------------------
+    def choose(self, limit: int | None = None) -> int:
+        """k for the next step, 0 <= k <= min(k_max, limit)."""
+        cap = self.k_max if limit is None else max(0, min(self.k_max, limit))
+        self._probing = False
+        if self.fixed_k is not None:
+            k = min(self.fixed_k, cap)
+        elif cap == 0:
+            k = 0                       # nothing to draft: a plain step, not a decision
+        elif self._draft is None:
+            k = min(START_K, cap)       # measure t_draft, alpha and one verify size first
+        elif 1 not in self._verify or self._since_plain >= REFRESH_PLAIN:
+            k = 0                       # plain cost unknown or stale (the context grows)
+        else:
+            thr = self._throughput(cap)
+            k = int(np.argmax(thr))     # the first maximum: ties go to the cheaper k
+            if k == 0:
+                k = self._maybe_probe(cap)
+            else:
+                self._since_probe = self._streak = 0
+                self._spec_steps += 1
+                # Neighbours of the optimum are re-measured now and then; a once-noisy timing
+                # would otherwise keep a better k from ever being tried again.
+                if self._spec_steps % EXPLORE_EVERY == 0 and k > 1:
+                    k -= 1
+                elif self._spec_steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 and k < cap:
+                    k += 1
+        self.last_k = k
+        return k
+
+    def _maybe_probe(self, cap: int) -> int:
+        """While plain, now and then speculate (k = 2..4) so that a change is noticed.
+
+        A probe lasts seconds(k) / seconds(0) plain steps and yields tokens(k): it loses the
+        difference, so probes spaced loss / PROBE_OVERHEAD apart cost ~0.5%: frequent near
+        break-even, where the decision is least sure, rare in a hopeless stretch. The estimate
+        is optimistic while it rests on few trials (start, after an alarm). Each probe in a row
+        fully accepted against the estimate's odds halves the interval: the estimate lags a
+        change, the streak does not."""
+        tokens, seconds = self._estimates(cap, optimism=PROBE_OPTIMISM)
+        best = 1 + int(np.argmax(tokens[1:] / seconds[1:]))
+        k = min(max(best, PROBE_K), START_K, cap)
+        loss = seconds[k] / seconds[0] - tokens[k]
+        every = int(np.clip(round(loss / PROBE_OVERHEAD), PROBE_MIN, PROBE_MAX))
+        self._probe_every = max(every >> self._streak, PROBE_MIN)
+        self._since_probe += 1
+        if self._since_probe < self._probe_every:
+            return 0
+        self._since_probe, self._probing = 0, True
+        return k
+
+    def _rates(self, n: int, optimism: float = 0.0) -> np.ndarray:
+        """Acceptance at positions 1..n, each shrunk toward the overall rate where data are thin.
+        optimism adds that many standard errors beyond those of a full EWMA memory."""
+        alpha = self._acc_s / self._acc_w
+        weight = np.append(self._pos_w + POSITION_SHRINK, self._acc_w)
+        rates = np.append((self._pos_s + POSITION_SHRINK * alpha) / weight[:-1], alpha)
+        if optimism:
+            full = np.append(np.full(self.k_max, _FULL_POSITION), _FULL_ALPHA)
+            excess = np.maximum(1 / np.sqrt(weight) - 1 / np.sqrt(full), 0.0)
+            rates = np.minimum(rates + optimism * np.sqrt(rates * (1 - rates)) * excess, 1.0)
+        return np.concatenate((rates[:n], np.full(max(0, n - self.k_max), rates[-1])))
+
+    def _estimates(self, k_top: int, optimism: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """Expected tokens and seconds of one step for k = 0..k_top."""
+        survive = np.cumprod(self._rates(k_top, optimism))
+        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(survive)))
+        if self._draft is not None:
+            draft = self._draft
+        else:  # no draft timed yet: lookup is ~free; a draft model is guessed at a plain step
+            draft = 0.0 if self.draft_cost_free else self._fitted()[0]
+        return tokens, np.arange(k_top + 1) * draft + self._fitted()[:k_top + 1]
+
+    def _throughput(self, k_top: int) -> np.ndarray:
+        """Estimated tokens per second for k = 0..k_top."""
+        tokens, seconds = self._estimates(k_top)
+        return tokens / seconds
+
+    # ---- learning -------------------------------------------------------------------------
+    def observe(self, k: int, n_drafted: int, n_accepted: int, t_draft: float,
+                t_verify: float) -> None:
+        """Record one step; the verify batch size was n_drafted + 1."""
+        if not 0 <= n_accepted <= n_drafted <= max(k, 0):
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted <= k, got "
+                             f"k={k} n_drafted={n_drafted} n_accepted={n_accepted}")
+        self._steps += 1
+        b = n_drafted + 1
+        if np.isfinite(t_verify) and t_verify > 0:
+            # Costs drift as the context grows; a size measured long ago (t_verify(1) while
+            # speculating) has drifted more, so its new timing gets more weight.
+            stale = self._steps - self._verified_at.get(b, self._steps) >= COST_STALE
+            weight = 0.5 if stale else COST_WEIGHT
+            self._verify[b] = _ewma(self._verify.get(b), t_verify, weight)
+            self._verified_at[b] = self._steps
+            self._curve = None
+        self._since_plain = 0 if b == 1 else self._since_plain + 1
+        if n_drafted == 0:
+            return  # a plain step (or a drafter with nothing to offer) says nothing about alpha
+        if np.isfinite(t_draft) and t_draft >= 0:
+            self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
+        # Trials: positions 1..n_accepted accepted, then one rejection unless all were accepted;
+        # later positions were never tested (acceptance there is conditional on reaching them).
+        hits = np.arange(min(n_accepted + 1, n_drafted)) < n_accepted
+        if self._probing:  # a streak of probes that were fully accepted against the odds
+            unlikely = np.prod(self._rates(n_drafted)) < 0.5
+            self._streak = self._streak + 1 if unlikely and n_accepted == n_drafted else 0
+        self._detect_change(hits)
+        for i, hit in enumerate(hits.tolist()):
+            self._acc_s = ALPHA_DECAY * self._acc_s + hit
+            self._acc_w = ALPHA_DECAY * self._acc_w + 1.0
+            if i < self.k_max:
+                self._pos_s[i] = POSITION_DECAY * self._pos_s[i] + hit
+                self._pos_w[i] = POSITION_DECAY * self._pos_w[i] + 1.0
+        self._trials += len(hits)
+
+    def _detect_change(self, hits: np.ndarray) -> None:
+        """Two-sided CUSUM on the trials; on an alarm, old trials lose most of their weight.
+
+        The long memory that keeps k steady would take dozens of steps to notice a change of
+        text: k = 10 drafts failing at position 1 after acceptance collapses, or rare probes
+        against a long low-acceptance history. Each side sums the log-likelihood ratio of
+        "acceptance halved" (p/2) or "rejection halved" ((1+p)/2) against the estimate p."""
+        p = np.clip(self._rates(len(hits)), 0.01, 0.99)
+        low = np.minimum(p, 0.95)    # one rejection where p ~ 1 is no collapse yet
+        self._cusum_low = _cusum(self._cusum_low, hits, low, low / 2)
+        self._cusum_high = _cusum(self._cusum_high, hits, p, (1 + p) / 2)
+        if self._cusum_low >= CHANGE_DROP or self._cusum_high >= CHANGE_RISE:
+            self._acc_s, self._acc_w = FORGET * self._acc_s, FORGET * self._acc_w
+            self._pos_s *= FORGET
+            self._pos_w *= FORGET
+            self._cusum_low = self._cusum_high = 0.0
+
+    # ---- reading --------------------------------------------------------------------------
+    @property
+    def alpha(self) -> float | None:
+        """EWMA acceptance rate (prior-smoothed), None before any drafted token was verified."""
+        return self._acc_s / self._acc_w if self._trials else None
+
+    def acceptance_by_position(self) -> list[float | None]:
+        """EWMA acceptance at positions 1..k_max given the earlier ones were accepted."""
+        return [float(s / w) if w > 0 else None for s, w in zip(self._pos_s, self._pos_w)]
+
+    def verify_cost(self, b: int) -> float | None:
+        """Seconds to verify a batch of b tokens: measured EWMA, interpolated or extrapolated."""
+        if not self._verify or b < 1:
+            return None
+        curve = self._fitted() if b <= self.k_max + 1 else self._fit_curve(b)
+        return float(curve[b - 1])
+
+    def _fitted(self) -> np.ndarray:
+        if self._curve is None:
+            self._curve = self._fit_curve(self.k_max + 1)
+        return self._curve
+
+    def _fit_curve(self, top: int) -> np.ndarray:
+        """t_verify(1..top): exact at measured sizes, linear between, a linear fit beyond."""
+        bs = np.array(sorted(self._verify), dtype=float)
+        ts = np.array([self._verify[int(x)] for x in bs])
+        b = np.arange(1, top + 1)
+        if len(bs) == 1:  # the prior shape 1 + 0.1 (b - 1), through the one measured point
+            slope = VERIFY_PRIOR_SLOPE
+            return ts[0] * (1 + slope * (b - 1)) / (1 + slope * (bs[0] - 1))
+        # Never a negative slope beyond the data: more tokens never cost less.
+        slope = max(float(np.polyfit(bs, ts, 1)[0]), 0.0)
+        curve = np.where(b > bs[-1], ts[-1] + slope * (b - bs[-1]), np.interp(b, bs, ts))
+        below = np.maximum(ts[0] - slope * (bs[0] - b), 0.5 * ts[0])
+        return np.where(b < bs[0], below, curve)
+
+    @property
+    def draft_cost(self) -> float | None:
+        """Seconds per drafted token, None before the first draft."""
+        return self._draft
+
+    def expected_speedup(self, k: int) -> float | None:
+        """E(k) * t_verify(1) / (k * t_draft + t_verify(k + 1)), None before any timing."""
+        if not self._verify or not 0 <= k <= self.k_max:
+            return None
+        thr = self._throughput(k)
+        return float(thr[k] / thr[0])
+
+    def snapshot(self) -> dict:
+        """JSON-serialisable summary for logs, the bench and the TUI."""
+        costs = bool(self._verify)
+        thr = self._throughput(self.k_max) if costs else None
+        return {
+            "mode": "fixed" if self.fixed_k is not None else "adaptive",
+            "k_max": self.k_max,
+            "last_k": self.last_k,
+            "steps": self._steps,
+            "alpha": self.alpha,
+            "acceptance_by_position": self.acceptance_by_position(),
+            "draft_cost": self._draft,
+            "verify_cost_measured": {str(b): t for b, t in sorted(self._verify.items())},
+            "verify_cost_curve": self._fitted().tolist() if costs else None,
+            "expected_speedup": (thr / thr[0]).tolist() if costs else None,
+            "best_k": int(np.argmax(thr)) if costs else None,
+            "probe_every": self._probe_every,
+        }

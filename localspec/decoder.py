@@ -1,0 +1,132 @@
+"""The speculative decoding loop: draft → verify in one batch → accept → roll back.
+
+`generate_steps` yields one `Step` per target pass. Plain decoding is the same loop with k = 0, so
+both paths share every line that could make them differ.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .acceptance import accept_greedy, accept_sampled
+from .config import DecodeConfig, SamplingConfig
+from .controller import KController
+from .drafters import Drafter
+from .sampling import probabilities
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one target pass produced."""
+
+    tokens: tuple[int, ...]
+    """Tokens emitted this step, in order (end-of-generation tokens are not emitted)."""
+    from_draft: tuple[bool, ...]
+    """Per emitted token: True for an accepted draft token, False for the target's own token."""
+    k: int
+    """Draft length chosen for this step (0 = plain decoding)."""
+    n_drafted: int
+    """Tokens the drafter actually proposed (≤ k)."""
+    n_accepted: int
+    """Drafted tokens the target accepted."""
+    t_draft: float
+    """Seconds spent drafting."""
+    t_verify: float
+    """Seconds spent in the target's batched evaluation."""
+    t_python: float
+    """Seconds spent in everything else in this step (acceptance, bookkeeping, control)."""
+    finish: str | None = None
+    """None while generating; "stop" (end-of-generation token), "length" (max tokens) or
+    "context" (n_ctx reached) on the last step."""
+
+
+def generate_steps(
+    target,
+    drafter: Drafter | None,
+    prompt: Sequence[int],
+    sampling: SamplingConfig,
+    decode: DecodeConfig,
+    controller: KController | None = None,
+    rng: np.random.Generator | None = None,
+) -> Iterator[Step]:
+    """Generate from `prompt` with `target`, speculating with `drafter` (None = plain decoding).
+
+    The target's KV cache holds every token but the last of the text so far; each step feeds that
+    last token plus the draft in one batch. Closing the generator early leaves the cache consistent.
+    """
+    if not prompt:
+        raise ValueError("empty prompt")
+    if rng is None:
+        rng = np.random.default_rng(sampling.seed)
+    if controller is None:
+        controller = KController(
+            decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free)
+        )
+    context = list(prompt)
+    produced = 0
+    target.sync(context[:-1])
+    if drafter is not None:
+        drafter.prepare(context)
+    try:
+        while True:
+            t0 = time.perf_counter()
+            room = min(decode.max_tokens - produced, target.n_ctx - len(context)) - 1
+            k = 0
+            if drafter is not None and room > 0:
+                limit = drafter.limit(context, min(decode.k_max, room))
+                k = controller.choose(room if limit is None else min(limit, room))
+            draft = drafter.propose(context, k, sampling, rng) if k > 0 else None
+            drafted = draft.tokens if draft else []
+            t1 = time.perf_counter()
+            # A padded draft vocabulary can propose an id the target lacks: verify the part before
+            # it; the rule then rejects that id (p = 0) using the last row.
+            n_valid = len(drafted)
+            if drafted and max(drafted) >= target.n_vocab:
+                n_valid = next(i for i, t in enumerate(drafted) if t >= target.n_vocab)
+            logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
+            t2 = time.perf_counter()
+            if sampling.greedy:
+                n_acc, nxt = accept_greedy(drafted, logits.argmax(axis=-1))
+            else:
+                n_acc, nxt = accept_sampled(drafted, probabilities(logits, sampling), draft and draft.q, rng)
+            emitted = [*drafted[:n_acc], nxt]
+            from_draft = [True] * n_acc + [False]
+            finish = None
+            for i, tok in enumerate(emitted):
+                if target.is_eog(tok):
+                    emitted, from_draft, finish = emitted[:i], from_draft[:i], "stop"
+                    break
+            if finish is None and produced + len(emitted) >= decode.max_tokens:
+                cut = decode.max_tokens - produced
+                emitted, from_draft, finish = emitted[:cut], from_draft[:cut], "length"
+            context.extend(emitted)
+            produced += len(emitted)
+            if finish is None and len(context) >= target.n_ctx:
+                finish = "context"
+            target.truncate(len(context) - 1)
+            if drafter is not None and k > 0:
+                drafter.feedback(len(drafted), n_acc)
+            catchup = draft.t_catchup if draft else 0.0
+            controller.observe(k, len(drafted), n_acc, t1 - t0 - catchup, t2 - t1)
+            t3 = time.perf_counter()
+            yield Step(
+                tokens=tuple(emitted),
+                from_draft=tuple(from_draft),
+                k=k,
+                n_drafted=len(drafted),
+                n_accepted=n_acc,
+                t_draft=t1 - t0,
+                t_verify=t2 - t1,
+                t_python=t3 - t2,
+                finish=finish,
+            )
+            if finish is not None:
+                return
+    finally:
+        # Whatever happened (early close, error mid-step), leave only the accepted text's prefix.
+        if len(target.tokens) > len(context) - 1:
+            target.truncate(len(context) - 1)

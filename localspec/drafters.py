@@ -1,0 +1,168 @@
+"""Drafters: cheap proposers of the next few tokens, behind one small interface.
+
+A drafter is asked `limit(context)` (how many tokens it could offer now; None = any number) and then
+`propose(context, k, ...)`. It is told after verification how many of its tokens were accepted.
+Drafters never decide what is emitted — only the acceptance rule does — so a bad draft costs speed,
+never correctness.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .config import SamplingConfig
+from .sampling import probabilities, sample
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    """Proposed continuation, possibly shorter than asked (or empty)."""
+    q: np.ndarray | None = None
+    """(len(tokens), vocab) distributions the tokens were sampled from; None for drafts that have no
+    distribution (prompt lookup, greedy drafts), verified as one-hot proposals."""
+    t_catchup: float = 0.0
+    """Seconds spent bringing the drafter up to date with text it had not seen (after plain steps);
+    a one-off cost that must not be mistaken for the per-token price of drafting."""
+
+
+class Drafter(Protocol):
+    name: str
+    draft_cost_free: bool
+    """True when proposing costs (almost) nothing, e.g. a table lookup."""
+
+    def prepare(self, context: Sequence[int]) -> None:
+        """Called once after the prompt is known, so its cost counts as prefill, not drafting."""
+
+    def limit(self, context: Sequence[int], k_max: int) -> int | None: ...
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> Draft: ...
+
+    def feedback(self, n_drafted: int, n_accepted: int) -> None: ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix, by slice comparisons (C speed) and bisection."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class ModelDrafter:
+    """A small GGUF sharing the target's tokenizer, drafting autoregressively.
+
+    Its KV cache follows the accepted text by common prefix: after a rejection only the rejected
+    tail is removed and the one or two tokens it has not seen are fed, never a re-prefill.
+    """
+
+    name = "model"
+    draft_cost_free = False
+
+    def __init__(self, model, target_vocab: int | None = None):
+        self.model = model
+        self.target_vocab = target_vocab or model.n_vocab
+
+    def prepare(self, context: Sequence[int]) -> None:
+        self.model.sync(context[:-1])
+
+    def limit(self, context: Sequence[int], k_max: int) -> int | None:
+        return None
+
+    def propose(self, context, k, sampling, rng) -> Draft:
+        m = self.model
+        keep = min(common_prefix(m.tokens, context), len(context) - 1)
+        m.truncate(keep)
+        start = time.perf_counter()
+        logits = m.eval(context[keep:], logits_from=-1)
+        # Usually 1-2 unseen tokens (the target's last token, maybe the last draft); more means it
+        # sat out plain steps and had to catch up.
+        catchup = time.perf_counter() - start if len(context) - keep > 2 else 0.0
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        for i in range(k):
+            if sampling.greedy:
+                x = int(logits[0].argmax())
+            else:
+                q = probabilities(logits[0], sampling)
+                x = sample(q, rng)
+                rows.append(q)
+            tokens.append(x)
+            if m.is_eog(x) or x >= self.target_vocab or i == k - 1:
+                break  # nothing sensible follows an end of generation or an id the target lacks
+            logits = m.eval([x], logits_from=0)
+        # Greedy drafts are checked against the target's argmax; no distribution is needed.
+        q = np.stack(rows) if rows else None
+        if q is not None and q.shape[1] != self.target_vocab:
+            # Padding ids past one vocabulary's end: p or q is 0 there, which the rule handles.
+            q = np.pad(q, ((0, 0), (0, max(self.target_vocab - q.shape[1], 0))))[:, : self.target_vocab]
+        return Draft(tokens, q, catchup)
+
+    def feedback(self, n_drafted: int, n_accepted: int) -> None:
+        pass  # the cache catches up by common prefix on the next proposal
+
+
+class PromptLookup:
+    """Prompt-lookup drafting: find the latest earlier occurrence of the text's last n tokens
+    (longest n first) and propose what followed it.
+
+    The n-gram index is updated incrementally as tokens arrive; it maps each n-gram to the end
+    position of its most recent occurrence that has a known continuation.
+    """
+
+    name = "lookup"
+    draft_cost_free = True
+
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+        self._index: dict[tuple[int, ...], int] = {}
+        self._seen: list[int] = []
+        self._candidate: list[int] = []
+
+    def prepare(self, context: Sequence[int]) -> None:
+        self._update(context)
+
+    def _update(self, context: Sequence[int]) -> None:
+        n_seen = len(self._seen)
+        if len(context) < n_seen or context[:n_seen] != self._seen:
+            self._index.clear()  # a different text (new conversation): start over
+            self._seen = []
+            n_seen = 0
+        self._seen.extend(context[n_seen:])
+        # n-grams ending at e are indexed once token e+1 exists; re-index the boundary position.
+        for e in range(max(n_seen - 1, 0), len(context) - 1):
+            for n in range(self.ngram_min, min(self.ngram_max, e + 1) + 1):
+                self._index[tuple(context[e - n + 1 : e + 1])] = e
+
+    def limit(self, context: Sequence[int], k_max: int) -> int:
+        self._update(context)
+        self._candidate = []
+        size = len(context)
+        for n in range(min(self.ngram_max, size), self.ngram_min - 1, -1):
+            end = self._index.get(tuple(context[size - n :]))
+            if end is not None:
+                self._candidate = list(context[end + 1 : end + 1 + k_max])
+                break
+        return len(self._candidate)
+
+    def propose(self, context, k, sampling, rng) -> Draft:
+        if not self._candidate:
+            self.limit(context, k)
+        return Draft(self._candidate[:k])
+
+    def feedback(self, n_drafted: int, n_accepted: int) -> None:
+        self._candidate = []

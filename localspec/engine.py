@@ -1,0 +1,444 @@
+"""The only module that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
+
+A `Model` is one GGUF with one context and one sequence. It remembers which tokens its KV cache
+holds, so callers move it by saying what the cache should contain (`sync`, `truncate`) and by
+appending blocks (`eval`), each block in one batched `llama_decode` that returns logits only for
+the rows asked for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp as C
+
+from .config import ModelConfig
+
+
+class EngineError(RuntimeError):
+    """A model could not be loaded or used; the message is one line meant for the user."""
+
+
+# llama.cpp logs every tensor at load time; keep the recent warnings/errors to explain failures.
+_recent_log: deque[str] = deque(maxlen=8)
+_VERBOSE = bool(os.environ.get("LOCALSPEC_VERBOSE"))
+_WARN, _ERROR = 3, 4  # ggml_log_level values
+
+
+@C.llama_log_callback
+def _log_callback(level, text, user_data):  # noqa: ARG001 - signature fixed by llama.cpp
+    message = text.decode("utf-8", "replace") if text else ""
+    if _VERBOSE:
+        os.write(2, message.encode())
+    elif level in (_WARN, _ERROR) and message.strip():
+        _recent_log.append(message.strip())
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _backend_ready = True
+
+
+def default_threads() -> int:
+    """Threads for decoding: every core on small machines, half the logical CPUs (≈ physical cores
+    on SMT machines) on bigger ones, since llama.cpp slows down when it oversubscribes."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        n = os.cpu_count() or 1
+    return n if n <= 4 else n // 2
+
+
+def check_gguf(path: str | Path) -> Path:
+    """Fail early, with one line, on a missing file or a file that is not GGUF."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise EngineError(f"model file not found: {p}")
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise EngineError(f"not a GGUF file: {p}")
+    return p
+
+
+def gpu_offload_supported() -> bool:
+    _init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    _init_backend()
+    return C.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def backend_devices() -> list[dict]:
+    """Every device ggml registered (CPU, CUDA/Metal/Vulkan GPUs…) with its free/total memory.
+
+    llama-cpp-python does not bind ggml's device API, so it is called from the bundled libggml.
+    """
+    _init_backend()
+    libdir = Path(C.__file__).parent / "lib"
+    found = [libdir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll") if (libdir / n).exists()]
+    if not found:
+        return []
+    lib = ctypes.CDLL(str(found[0]))
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(lib, fn).restype = ctypes.c_char_p
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    size_p = ctypes.POINTER(ctypes.c_size_t)
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_p, size_p]
+    kinds = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+    devices = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        devices.append({
+            "name": lib.ggml_backend_dev_name(dev).decode("utf-8", "replace"),
+            "description": lib.ggml_backend_dev_description(dev).decode("utf-8", "replace"),
+            "type": kinds.get(lib.ggml_backend_dev_type(dev), "other"),
+            "memory_free": free.value,
+            "memory_total": total.value,
+        })
+    return devices
+
+
+def library_version() -> str:
+    return getattr(C, "__version__", "unknown")
+
+
+def quantize(src: str | Path, dst: str | Path, ftype: str = "F32", threads: int | None = None) -> None:
+    """Write `src` re-encoded as `ftype` (F32, F16, Q8_0, Q4_1, ...) to `dst`, atomically."""
+    _init_backend()
+    params = C.llama_model_quantize_default_params()
+    name = f"LLAMA_FTYPE_ALL_{ftype}" if ftype == "F32" else f"LLAMA_FTYPE_MOSTLY_{ftype}"
+    if not hasattr(C, name):
+        raise EngineError(f"unknown GGUF type {ftype}")
+    params.ftype = getattr(C, name)
+    params.allow_requantize = True
+    params.nthread = threads or default_threads()
+    tmp = Path(f"{dst}.part")
+    rc = C.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise EngineError(f"quantizing {src} to {ftype} failed (code {rc})")
+    tmp.replace(dst)
+
+
+class Model:
+    """One loaded GGUF, its context and its KV cache (sequence 0)."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        self.path = check_gguf(cfg.path)
+        self.name = self.path.name
+        _init_backend()
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6
+        _recent_log.clear()
+        self._model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            # llama.cpp's last line is a generic "failed to load"; the reason sits in the one before.
+            reasons = [line.split("error loading model: ", 1)[1] for line in _recent_log if "error loading model: " in line]
+            why = f": {reasons[-1]}" if reasons else (f": {_recent_log[-1]}" if _recent_log else "")
+            raise EngineError(f"failed to load {self.path} (corrupt or truncated GGUF?){why}")
+        self.n_batch = max(1, cfg.n_batch)
+        threads = cfg.n_threads or default_threads()
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = cfg.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        self._ctx = C.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            C.llama_model_free(self._model)
+            raise EngineError(f"could not create a context of {cfg.n_ctx} tokens for {self.path}")
+        self.n_ctx = C.llama_n_ctx(self._ctx)
+        self.n_threads = threads
+        self._vocab = C.llama_model_get_vocab(self._model)
+        self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        self._mem = C.llama_get_memory(self._ctx)
+        self.recurrent = bool(C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model))
+        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        b = self._batch
+        # numpy views over the C arrays: filling a batch is a few slice assignments, no per-token loop.
+        self._tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        self._out = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        self._nseq[:] = 1
+        for i in range(self.n_batch):  # once: every token belongs to sequence 0
+            b.seq_id[i][0] = 0
+        self.tokens: list[int] = []
+        self._pieces: dict[int, bytes] = {}
+        self.bos = C.llama_vocab_bos(self._vocab)
+        self.eos = C.llama_vocab_eos(self._vocab)
+        self.eot = C.llama_vocab_eot(self._vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
+
+    # -- cache ---------------------------------------------------------------------------------
+
+    def eval(self, tokens: Sequence[int], logits_from: int | None = None) -> np.ndarray | None:
+        """Append `tokens` to the cache in batched decodes; return logits for tokens[logits_from:].
+
+        The result is a (rows, n_vocab) float32 view into llama.cpp's buffer, valid until the next
+        call on this model. With logits_from=None no logits are computed.
+        """
+        n = len(tokens)
+        if n == 0:
+            return None
+        if len(self.tokens) + n > self.n_ctx:
+            raise EngineError(f"context full: {len(self.tokens) + n} tokens > n_ctx {self.n_ctx} ({self.name})")
+        start_out = n if logits_from is None else (logits_from if logits_from >= 0 else n + logits_from)
+        if n - start_out > self.n_batch:
+            raise EngineError(f"cannot return {n - start_out} logit rows in one batch of {self.n_batch}")
+        arr = np.asarray(tokens, dtype=np.int32)
+        base = len(self.tokens)
+        rows = 0
+        for lo in range(0, n, self.n_batch):
+            hi = min(lo + self.n_batch, n)
+            m = hi - lo
+            self._tok[:m] = arr[lo:hi]
+            self._pos[:m] = np.arange(base + lo, base + hi, dtype=np.int32)
+            out = self._out[:m]
+            out[:] = 0
+            first = max(start_out - lo, 0)
+            if first < m:
+                out[first:] = 1
+            rows = m - min(first, m)
+            self._batch.n_tokens = m
+            rc = C.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                self.truncate(base + lo)  # drop whatever part of the block may have landed
+                raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
+            self.tokens.extend(int(t) for t in arr[lo:hi])
+        if rows == 0:
+            return None
+        ptr = C.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n tokens of the cache, remove the rest."""
+        if not C.llama_memory_seq_rm(self._mem, 0, n, -1):
+            kind = "recurrent/hybrid " if self.recurrent else ""
+            raise EngineError(
+                f"{self.name}: this {kind}model's memory cannot be rolled back to a position, "
+                "which speculative decoding needs; use it with --drafter none"
+            )
+        del self.tokens[n:]
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Make the cache hold exactly `tokens`, reusing the longest common prefix already there."""
+        common = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            common += 1
+        if common < len(self.tokens):
+            self.truncate(common)
+        self.eval(tokens[common:])
+
+    def reset(self) -> None:
+        C.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+
+    # -- vocabulary ----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token renders to (special tokens render empty), cached per id."""
+        got = self._pieces.get(token)
+        if got is None:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            got = self._pieces[token] = buf.raw[:n]
+        return got
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary entry itself (as stored in the GGUF), used for compatibility checks."""
+        return C.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self._vocab, token))
+
+    # -- metadata and chat ---------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        if n < 0:
+            return None
+        if n >= 256:
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_model_meta_val_str(self._model, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", "replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        raw = C.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """Tokens of `messages` rendered by the GGUF's own chat template (Jinja2, as llama-cpp-python
+        renders it), ending with the assistant's generation prompt."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self.chat_template
+        if template is None:
+            raise EngineError(f"{self.name} has no chat template")
+        special = lambda t: self.token_text(t).decode("utf-8", "replace") if t >= 0 else ""  # noqa: E731
+        fmt = Jinja2ChatFormatter(template=template, eos_token=special(self.eos), bos_token=special(self.bos))
+        result = fmt(messages=messages)
+        return self.tokenize(result.prompt, add_special=not result.added_special, parse_special=True)
+
+    def describe(self) -> dict:
+        return {
+            "path": str(self.path),
+            "name": self.meta("general.name") or self.name,
+            "n_vocab": self.n_vocab,
+            "n_ctx": self.n_ctx,
+            "n_params": int(C.llama_model_n_params(self._model)),
+            "size_bytes": int(C.llama_model_size(self._model)),
+            "n_layer": int(C.llama_model_n_layer(self._model)),
+            "n_embd": int(C.llama_model_n_embd(self._model)),
+            "threads": self.n_threads,
+        }
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            C.llama_batch_free(self._batch)
+            C.llama_free(self._ctx)
+            C.llama_model_free(self._model)
+            self._ctx = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# -- llama-cpp-python's own generate, for bench --compare --
+# Only `localspec bench --compare llama-cpp-python` uses this: llama-cpp-python's high-level
+# `llama_cpp.Llama.generate`, plain or with its built-in prompt-lookup drafter, timed on the same
+# prompts and GGUF as a reference point. localspec itself never decodes through this path.
+
+import time  # noqa: E402 - this section is self-contained
+
+
+class ReferenceModel:
+    """One `llama_cpp.Llama`, loaded once per bench run and reused (reset) across prompts.
+
+    `lookup_tokens` = None: plain `Llama.generate`; N: `draft_model=LlamaPromptLookupDecoding(
+    num_pred_tokens=N)`, which needs `logits_all=True` (without it llama-cpp-python crashes with a
+    broadcast error, its issue #2110).
+    """
+
+    def __init__(self, path: str | Path, *, n_ctx: int, threads: int, gpu_layers: int = -1,
+                 lookup_tokens: int | None = None):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        _init_backend()
+        self.lookup_tokens = lookup_tokens
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
+        try:
+            self.llm = Llama(
+                model_path=str(check_gguf(path)), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                n_gpu_layers=gpu_layers if gpu_layers >= 0 else -1, logits_all=draft is not None,
+                draft_model=draft, verbose=False,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise EngineError(f"llama-cpp-python could not load {path}: {e}") from None
+        self._vocab = C.llama_model_get_vocab(self.llm.model)
+
+    def generate(self, prompt_tokens: Sequence[int], max_tokens: int, *, temperature: float,
+                 top_k: int, top_p: float, min_p: float, seed: int) -> tuple[list[int], float, float]:
+        """(generated tokens, prefill seconds, decode seconds); generation stops at an
+        end-of-generation token (not returned) or after max_tokens.
+
+        Prefill evaluates all prompt tokens but the last; decoding then starts by evaluating the last
+        one, as localspec's decoder does, so both decode times cover the same work per token."""
+        llm = self.llm
+        prompt = [int(t) for t in prompt_tokens]
+        budget = min(max_tokens, llm.n_ctx() - len(prompt) - 1)
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt[:-1])  # a prefix generate() reuses: only the last prompt token is left
+        t1 = time.perf_counter()
+        llm.set_seed(seed)
+        out: list[int] = []
+        gen = llm.generate(prompt, top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature,
+                           repeat_penalty=1.0, reset=True)
+        try:
+            for tok in gen:
+                if budget <= 0 or C.llama_vocab_is_eog(self._vocab, tok):
+                    break
+                out.append(int(tok))
+                if len(out) >= budget:
+                    break
+        finally:
+            gen.close()
+        t2 = time.perf_counter()
+        return out, t1 - t0, t2 - t1
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.close()
+            self.llm = None
+
+
+def reference_generate(path: str | Path, prompt_tokens: Sequence[int], max_tokens: int, temperature: float,
+                       seed: int, lookup_tokens: int | None, n_ctx: int,
+                       threads: int | None) -> tuple[list[int], float]:
+    """One-shot llama-cpp-python generation: (tokens, decode seconds). The bench keeps a
+    `ReferenceModel` instead, so the model is loaded once per run."""
+    ref = ReferenceModel(path, n_ctx=n_ctx, threads=threads or default_threads(), lookup_tokens=lookup_tokens)
+    try:
+        tokens, _, seconds = ref.generate(prompt_tokens, max_tokens, temperature=temperature, top_k=40,
+                                          top_p=0.95, min_p=0.05, seed=seed)
+    finally:
+        ref.close()
+    return tokens, seconds

@@ -1,0 +1,104 @@
+"""Running totals over decoder steps: α, tokens per target pass, speed, latency percentiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .decoder import Step
+
+
+@dataclass
+class RunStats:
+    """Accumulates `Step`s. α = accepted / drafted; tokens per step = tokens per target pass."""
+
+    n_tokens: int = 0
+    n_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_from_draft: int = 0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_python: float = 0.0
+    k_sum: int = 0
+    finish: str | None = None
+    # Acceptance by draft position i (1-based): how often position i was drafted / accepted.
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    # Inter-token latency samples: a step of m tokens taking s seconds gives m samples of s / m.
+    step_seconds: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
+
+    def add(self, step: Step) -> None:
+        self.n_tokens += len(step.tokens)
+        self.n_steps += 1
+        self.n_drafted += step.n_drafted
+        self.n_accepted += step.n_accepted
+        self.n_from_draft += sum(step.from_draft)
+        self.t_draft += step.t_draft
+        self.t_verify += step.t_verify
+        self.t_python += step.t_python
+        self.k_sum += step.k
+        if step.n_drafted > len(self.drafted_at):
+            grow = step.n_drafted - len(self.drafted_at)
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(step.n_drafted):
+            self.drafted_at[i] += 1
+            if i < step.n_accepted:
+                self.accepted_at[i] += 1
+        self.step_seconds.append(step.t_draft + step.t_verify + step.t_python)
+        self.step_tokens.append(len(step.tokens))
+        if step.finish:
+            self.finish = step.finish
+
+    @property
+    def seconds(self) -> float:
+        """Decoding time (prefill excluded)."""
+        return self.t_draft + self.t_verify + self.t_python
+
+    @property
+    def alpha(self) -> float | None:
+        return self.n_accepted / self.n_drafted if self.n_drafted else None
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        return self.n_tokens / self.n_steps if self.n_steps else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.n_tokens / self.seconds if self.seconds > 0 else None
+
+    @property
+    def mean_accepted(self) -> float | None:
+        """Mean accepted draft tokens per step that drafted something."""
+        drafting = self.drafted_at[0] if self.drafted_at else 0  # steps that drafted ≥ 1 token
+        return self.n_accepted / drafting if drafting else None
+
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d for a, d in zip(self.accepted_at, self.drafted_at) if d]
+
+    def latency_percentiles(self, qs=(50, 99)) -> dict[str, float | None]:
+        """Inter-token latency percentiles in seconds."""
+        if not self.step_tokens or not sum(self.step_tokens):
+            return {f"p{q}": None for q in qs}
+        per_token = np.repeat(
+            np.array(self.step_seconds) / np.maximum(self.step_tokens, 1), self.step_tokens
+        )
+        return {f"p{q}": float(np.percentile(per_token, q)) for q in qs}
+
+    def summary(self) -> dict:
+        return {
+            "n_tokens": self.n_tokens,
+            "n_steps": self.n_steps,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "alpha": self.alpha,
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_second": self.tokens_per_second,
+            "seconds": self.seconds,
+            "mean_k": self.k_sum / self.n_steps if self.n_steps else None,
+            "time_split": {"draft": self.t_draft, "verify": self.t_verify, "python": self.t_python},
+            "finish": self.finish,
+        }

@@ -1,0 +1,522 @@
+"""The verification rule is exact: a statistical proof that has teeth.
+
+Every case runs the whole draft -> verify procedure N = 100_000 times with fixed seeds and checks
+that what comes out is distributed exactly as the target alone would have produced it:
+
+* the first emitted token against p_0;
+* the joint of the first two emitted tokens against p_0(a) * p_1(b).
+
+The joint is valid because the harness defines the target's rows per absolute position, independent
+of the history, so the target alone would draw position 0 and position 1 independently. When the
+first step emits only one token (a rejection at position 0), the harness runs a second step from
+position 1 with fresh drafts, as the decoder would.
+
+The same harness run with deliberately wrong rules must fail the same check, and the per-token
+acceptance must match sum_x min(p(x), q(x)).
+
+Statistic: Pearson chi-square, not total variation. With V <= 8 a TV <= 0.01 bound would do for
+the first token, but the joint has up to 64 cells, where the TV of an exact sampler's empirical
+distribution at N = 100k is itself ~0.01, so a TV bound is either noisy or blunt there. The
+chi-square statistic uses the per-cell variance, so one check works for both. Its critical value
+at alpha = 1e-4 comes from the Wilson-Hilferty approximation (scipy is not installed), which is
+slightly conservative (too large) for small df. Cells with expected count < 5 are pooled so the
+chi-square approximation holds; cells with probability exactly 0 are not tested statistically but
+must have count exactly 0 (one forbidden token is a failure however rare).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from localspec.acceptance import accept_greedy, accept_sampled
+from localspec.config import SamplingConfig
+from localspec.sampling import probabilities, sample
+
+N = 100_000
+ALPHA = 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# The statistical check
+
+
+def chi2_critical(df: int, alpha: float = ALPHA) -> float:
+    """Upper-alpha critical value of chi-square(df), Wilson-Hilferty approximation."""
+    z = statistics.NormalDist().inv_cdf(1.0 - alpha)
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+@dataclass
+class Check:
+    ok: bool
+    stat: float
+    crit: float
+    df: int
+    forbidden: int  # draws that landed on probability-0 cells
+
+    def __str__(self) -> str:
+        return (
+            f"chi2={self.stat:.1f} crit={self.crit:.1f} (df={self.df}, alpha={ALPHA}) "
+            f"forbidden={self.forbidden}"
+        )
+
+
+def chi2_check(counts: np.ndarray, probs: np.ndarray) -> Check:
+    counts = np.asarray(counts, dtype=np.float64).ravel()
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    n = counts.sum()
+    zero = probs == 0.0
+    forbidden = int(counts[zero].sum())
+    c, e = counts[~zero], n * probs[~zero] / probs[~zero].sum()
+    small = e < 5.0
+    if small.any():
+        pooled_c, pooled_e = c[small].sum(), e[small].sum()
+        c, e = c[~small], e[~small]
+        if pooled_e >= 5.0 or len(c) == 0:
+            c, e = np.append(c, pooled_c), np.append(e, pooled_e)
+        else:  # fold a too-small pool into the largest cell
+            j = int(np.argmax(e))
+            c[j] += pooled_c
+            e[j] += pooled_e
+    df = len(c) - 1
+    if df == 0:  # a single allowed cell: only the forbidden cells can fail
+        return Check(forbidden == 0, 0.0, 0.0, 0, forbidden)
+    stat = float(((c - e) ** 2 / e).sum())
+    crit = chi2_critical(df)
+    return Check(forbidden == 0 and stat <= crit, stat, crit, df, forbidden)
+
+
+def test_chi2_critical_matches_tables():
+    # Exact chi-square quantiles at upper tail 1e-4 (regularised incomplete gamma, computed
+    # offline). Wilson-Hilferty errs high (conservative): +7% at df = 1, +2% at df = 5, <0.2% at 63.
+    for df, exact in [(1, 15.137), (2, 18.421), (5, 25.745), (10, 35.564), (20, 52.386), (63, 113.505)]:
+        assert exact <= chi2_critical(df) <= 1.08 * exact, df
+
+
+# --------------------------------------------------------------------------------------------
+# The harness
+
+
+@dataclass(frozen=True)
+class Case:
+    """Per-position distributions, independent of the history.
+
+    p: (k+2, V) target rows by absolute position. q: (k+1, V) draft rows, or None for a fixed
+    draft (prompt lookup); then `lookup` (k+1,) gives the fixed draft token at each position.
+    Step 1 verifies positions 0..k with p[0:k+1], q[0:k]; step 2 (only after a rejection at
+    position 0) verifies positions 1..k+1 with p[1:k+2], q[1:k+1].
+    """
+
+    k: int
+    p: np.ndarray
+    q: np.ndarray | None
+    lookup: tuple[int, ...] | None = None
+    q_draw: np.ndarray | None = None
+    """Where drafts are drawn from, when it is not q: a draft vocabulary wider than the target's,
+    whose rows q are cut to the target's width as ModelDrafter does (so they sum to < 1)."""
+
+    @property
+    def vocab(self) -> int:
+        return self.p.shape[1]
+
+
+@dataclass
+class Run:
+    first: np.ndarray  # (N,) first emitted token
+    second: np.ndarray  # (N,) second emitted token
+    n_accepted: np.ndarray  # (N,) accepted count of step 1
+
+
+def draw_rows(q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, rows) tokens; column i drawn from q[i] by inverse CDF (vectorised)."""
+    u = rng.random((n, len(q)))
+    out = np.empty((n, len(q)), dtype=np.int64)
+    for i, row in enumerate(q):
+        cdf = np.cumsum(row)
+        out[:, i] = np.minimum(np.searchsorted(cdf, u[:, i] * cdf[-1], side="right"), len(row) - 1)
+    assert (q[np.arange(len(q)), out] > 0).all()  # never a q = 0 token
+    return out
+
+
+def run_rule(rule, case: Case, seed: int, n: int = N) -> Run:
+    k = case.k
+    draft_rng = np.random.default_rng([seed, 1])
+    rng = np.random.default_rng([seed, 2])
+    p1, p2 = case.p[: k + 1], case.p[1 : k + 2]
+    if case.q is None:
+        q1 = q2 = None
+        d1 = [list(case.lookup[:k])] * n
+        d2 = [list(case.lookup[1 : k + 1])] * n
+    else:
+        q1, q2 = case.q[:k], case.q[1 : k + 1]
+        qd = case.q if case.q_draw is None else case.q_draw
+        d1 = draw_rows(qd[:k], n, draft_rng).tolist()
+        d2 = draw_rows(qd[1 : k + 1], n, draft_rng).tolist()
+    first = [0] * n
+    second = [0] * n
+    acc = [0] * n
+    for j in range(n):
+        a, t = rule(d1[j], p1, q1, rng)
+        acc[j] = a
+        if a >= 2:
+            first[j], second[j] = d1[j][0], d1[j][1]
+        elif a == 1:
+            first[j], second[j] = d1[j][0], t
+        else:
+            first[j] = t
+            b, u = rule(d2[j], p2, q2, rng)
+            second[j] = d2[j][0] if b >= 1 else u
+    return Run(np.array(first), np.array(second), np.array(acc))
+
+
+def _with_out_of_range(check: Check, bad: int) -> Check:
+    """Ids past the target's vocabulary count as forbidden draws."""
+    if bad:
+        check.forbidden += bad
+        check.ok = False
+    return check
+
+
+def check_first(case: Case, run: Run) -> Check:
+    v = case.vocab
+    ok = run.first < v
+    counts = np.bincount(run.first[ok], minlength=v)
+    return _with_out_of_range(chi2_check(counts, case.p[0]), int((~ok).sum()))
+
+
+def check_joint(case: Case, run: Run) -> Check:
+    v = case.vocab
+    ok = (run.first < v) & (run.second < v)
+    counts = np.bincount(run.first[ok] * v + run.second[ok], minlength=v * v)
+    return _with_out_of_range(chi2_check(counts, np.outer(case.p[0], case.p[1])), int((~ok).sum()))
+
+
+def alpha_of(case: Case, i: int) -> float:
+    """Exact per-token acceptance probability at position i."""
+    if case.q is None:
+        return float(case.p[i, case.lookup[i]])
+    return float(np.minimum(case.p[i], case.q[i]).sum())
+
+
+# --------------------------------------------------------------------------------------------
+# The cases (V <= 8)
+
+
+def _dirichlet(rng, rows, v, conc=1.0):
+    return rng.dirichlet(np.full(v, conc), size=rows)
+
+
+def _normalise(x):
+    x = np.asarray(x, dtype=np.float64)
+    return x / x.sum(axis=-1, keepdims=True)
+
+
+def make_case(name: str) -> Case:
+    rng = np.random.default_rng(sum(map(ord, name)))
+    v = 8
+    if name.startswith("dirichlet_k"):
+        k = int(name.removeprefix("dirichlet_k"))
+        return Case(k, _dirichlet(rng, k + 2, v), _dirichlet(rng, k + 1, v))
+    if name == "q_zero_where_p_positive":
+        # The draft never proposes tokens 5..7, which carry 40% of the target's mass: all of it
+        # must come from the residual.
+        k = 3
+        p = _dirichlet(rng, k + 2, v, 2.0)
+        p[:, 5:] *= 0.4 / p[:, 5:].sum(axis=1, keepdims=True)
+        p[:, :5] *= 0.6 / p[:, :5].sum(axis=1, keepdims=True)
+        q = _dirichlet(rng, k + 1, v, 2.0)
+        q[:, 5:] = 0.0
+        return Case(k, p, _normalise(q))
+    if name == "p_zero_where_q_positive":
+        # The draft puts 50% of its mass on tokens 0..2 that the target never emits.
+        k = 3
+        p = _dirichlet(rng, k + 2, v, 2.0)
+        p[:, :3] = 0.0
+        q = _dirichlet(rng, k + 1, v, 2.0)
+        q[:, :3] *= 0.5 / q[:, :3].sum(axis=1, keepdims=True)
+        q[:, 3:] *= 0.5 / q[:, 3:].sum(axis=1, keepdims=True)
+        return Case(k, _normalise(p), q)
+    if name == "one_hot_p":
+        k = 3
+        p = np.zeros((k + 2, v))
+        p[np.arange(k + 2), [3, 1, 6, 0, 2]] = 1.0
+        return Case(k, p, _dirichlet(rng, k + 1, v))
+    if name == "one_hot_q":
+        k = 3
+        q = np.zeros((k + 1, v))
+        q[np.arange(k + 1), [2, 5, 2, 7]] = 1.0
+        p = _dirichlet(rng, k + 2, v)
+        p[0] = _normalise([0.05, 0.1, 0.3, 0.1, 0.15, 0.1, 0.1, 0.1])  # p(draft) = 0.3
+        return Case(k, p, q)
+    if name.startswith("truncated"):
+        # Target and draft processed by localspec.sampling.probabilities with different logits and
+        # different truncations, so their supports differ in both directions.
+        k = 3
+        if name == "truncated_topk_vs_topp":
+            cp = SamplingConfig(temperature=0.9, top_k=4, top_p=1.0, min_p=0.0)
+            cq = SamplingConfig(temperature=1.3, top_k=0, top_p=0.7, min_p=0.0)
+        else:  # truncated_minp_vs_topk
+            cp = SamplingConfig(temperature=0.7, top_k=0, top_p=0.95, min_p=0.2)
+            cq = SamplingConfig(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
+        lp = rng.normal(0.0, 1.0, size=(k + 2, v))
+        lq = lp[: k + 1] + rng.normal(0.0, 1.5, size=(k + 1, v))
+        p, q = probabilities(lp, cp), probabilities(lq, cq)
+        sp, sq = p[: k + 1] > 0, q > 0
+        assert (sq & ~sp).any() and (sp & ~sq).any(), "supports should differ both ways"
+        assert ((p > 0).sum(axis=1) >= 2).all()  # every position has something to test
+        return Case(k, p, q)
+    if name == "draft_vocab_wider":
+        # The draft's vocabulary has 2 ids past the target's 6, carrying ~30% of the draft's mass;
+        # the rule sees q cut to 6 columns, un-renormalised, and must reject those ids.
+        k = 3
+        p = _dirichlet(rng, k + 2, 6, 2.0)
+        wide = _dirichlet(rng, k + 1, 8, 2.0)
+        wide[:, 6:] *= 0.3 / wide[:, 6:].sum(axis=1, keepdims=True)
+        wide[:, :6] *= 0.7 / wide[:, :6].sum(axis=1, keepdims=True)
+        return Case(k, p, wide[:, :6], q_draw=wide)
+    if name == "lookup_k1_p0":
+        # The fixed draft token has target probability 0 at position 0 (always rejected) and a
+        # low probability at position 1.
+        p = _normalise([[0.3, 0.0, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1],
+                        [0.2, 0.05, 0.15, 0.1, 0.1, 0.1, 0.2, 0.1],
+                        [0.1, 0.1, 0.1, 0.1, 0.2, 0.2, 0.1, 0.1]])
+        return Case(1, p, None, lookup=(1, 1))
+    if name == "lookup_k3":
+        # Draft tokens with p = 0.3, p = 0 (position 1), a low p, and a near-certain one.
+        p = _dirichlet(rng, 5, v)
+        p[0] = _normalise([0.3, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
+        p[1] = _normalise([0.2, 0.2, 0.0, 0.1, 0.1, 0.1, 0.1, 0.2])
+        p[2] = _normalise([0.02, 0.18, 0.1, 0.1, 0.2, 0.2, 0.1, 0.1])
+        p[3] = _normalise([0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.93, 0.01])
+        return Case(3, p, None, lookup=(0, 2, 0, 6))
+    raise KeyError(name)
+
+
+EXACT_CASES = [
+    "dirichlet_k1",
+    "dirichlet_k3",
+    "dirichlet_k5",
+    "q_zero_where_p_positive",
+    "p_zero_where_q_positive",
+    "one_hot_p",
+    "one_hot_q",
+    "truncated_topk_vs_topp",
+    "truncated_minp_vs_topk",
+    "draft_vocab_wider",
+    "lookup_k1_p0",
+    "lookup_k3",
+]
+
+
+@functools.lru_cache(maxsize=None)
+def correct_run(name: str) -> tuple[Case, Run]:
+    case = make_case(name)
+    return case, run_rule(accept_sampled, case, seed=sum(map(ord, name)) + 7)
+
+
+@pytest.mark.parametrize("name", EXACT_CASES)
+def test_first_token_is_distributed_as_target(name):
+    case, run = correct_run(name)
+    check = check_first(case, run)
+    assert check.ok, f"{name}: {check}"
+
+
+@pytest.mark.parametrize("name", EXACT_CASES)
+def test_first_two_tokens_are_distributed_as_target(name):
+    case, run = correct_run(name)
+    check = check_joint(case, run)
+    assert check.ok, f"{name}: {check}"
+
+
+@pytest.mark.parametrize("name", EXACT_CASES)
+def test_acceptance_rate_is_overlap(name):
+    """Per-token acceptance = sum_x min(p(x), q(x)) (lookup: p(x)), position 0 and, where enough
+    runs get there, position i given positions < i were accepted."""
+    case, run = correct_run(name)
+    reached = N
+    for i in range(case.k):
+        if reached < 20_000:  # too few to estimate within 0.01 (sd <= 0.5/sqrt(20k) = 0.0035)
+            break
+        accepted = int((run.n_accepted > i).sum())
+        rate = accepted / reached
+        assert abs(rate - alpha_of(case, i)) <= 0.01, (name, i, rate, alpha_of(case, i))
+        reached = accepted
+
+
+def test_case_set_covers_the_brief():
+    ks = {make_case(n).k for n in EXACT_CASES}
+    assert {1, 3, 5} <= ks
+    lk = make_case("lookup_k1_p0")
+    assert lk.p[0, lk.lookup[0]] == 0.0
+    lk3 = make_case("lookup_k3")
+    assert lk3.p[1, lk3.lookup[1]] == 0.0 and 0 < lk3.p[0, lk3.lookup[0]] < 1
+
+
+# --------------------------------------------------------------------------------------------
+# Teeth: the same harness and check reject wrong rules
+
+
+def wrong_accept_always(draft, p, q, rng):
+    k = len(draft)
+    return k, sample(p[k], rng)
+
+
+def wrong_residual_is_p(draft, p, q, rng):
+    """Correct acceptance test, but on rejection resample from p instead of norm(max(0, p - q))."""
+    for i, x in enumerate(draft):
+        q_x = 1.0 if q is None else q[i, x]
+        if rng.random() * q_x < p[i, x]:
+            continue
+        return i, sample(p[i], rng)
+    return len(draft), sample(p[len(draft)], rng)
+
+
+def wrong_accept_with_p(draft, p, q, rng):
+    """Accept with probability p(x), ignoring q; correct residual."""
+    for i, x in enumerate(draft):
+        if rng.random() < p[i, x]:
+            continue
+        return i, sample(np.maximum(p[i] - q[i], 0.0), rng)
+    return len(draft), sample(p[len(draft)], rng)
+
+
+def wrong_lookup_keeps_x(draft, p, q, rng):
+    """Lookup: accept with probability p(x), but on rejection resample from p without removing x."""
+    for i, x in enumerate(draft):
+        if rng.random() < p[i, x]:
+            continue
+        return i, sample(p[i], rng)
+    return len(draft), sample(p[len(draft)], rng)
+
+
+def wrong_renormalised_q(draft, p, q, rng):
+    """The correct rule, but handed q renormalised after cutting it to the target's width."""
+    if q is not None:
+        q = q / q.sum(axis=1, keepdims=True)
+    return accept_sampled(draft, p, q, rng)
+
+
+def wrong_bonus_off_by_one(draft, p, q, rng):
+    """Correct everywhere except the bonus token, drawn from the last draft position's row.
+
+    The first emitted token stays exactly right; only the joint check can see this."""
+    n, t = accept_sampled(draft, p, q, rng)
+    if n == len(draft):
+        return n, sample(p[n - 1], rng)
+    return n, t
+
+
+WRONG = [
+    # (rule, case, which check must fail)
+    (wrong_accept_always, "dirichlet_k3", "first"),
+    (wrong_accept_always, "p_zero_where_q_positive", "first"),  # emits tokens with p = 0
+    (wrong_residual_is_p, "dirichlet_k3", "first"),
+    (wrong_accept_with_p, "dirichlet_k3", "first"),
+    (wrong_lookup_keeps_x, "lookup_k3", "first"),
+    (wrong_renormalised_q, "draft_vocab_wider", "first"),
+    (wrong_bonus_off_by_one, "dirichlet_k1", "joint"),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def wrong_run(rule, name):
+    case = make_case(name)
+    return case, run_rule(rule, case, seed=sum(map(ord, name)) + 7)
+
+
+@pytest.mark.parametrize("rule,name,which", WRONG, ids=[f"{w[0].__name__}-{w[1]}" for w in WRONG])
+def test_wrong_rule_fails_the_check(rule, name, which):
+    case, run = wrong_run(rule, name)
+    check = (check_first if which == "first" else check_joint)(case, run)
+    print(f"{rule.__name__} on {name} ({which}): {check}")
+    assert not check.ok, f"{rule.__name__} passed the check: {check}"
+    # Not a near miss: the statistic is far above the critical value (or a forbidden token showed).
+    assert check.forbidden > 0 or check.stat > 10 * check.crit, str(check)
+
+
+def test_off_by_one_bonus_is_invisible_to_the_first_token():
+    """Why the joint check exists: this wrong rule passes the first-token check."""
+    case, run = wrong_run(wrong_bonus_off_by_one, "dirichlet_k1")
+    assert check_first(case, run).ok
+
+
+# --------------------------------------------------------------------------------------------
+# Edge behaviour of accept_sampled
+
+
+def test_lookup_draft_with_zero_target_probability_is_never_accepted():
+    p = _normalise([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]])
+    rng = np.random.default_rng(0)
+    for _ in range(1000):
+        n, t = accept_sampled([1], p, None, rng)
+        assert n == 0 and t in (0, 2)
+
+
+def test_certain_draft_is_always_accepted():
+    p = _normalise([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    rng = np.random.default_rng(0)
+    assert accept_sampled([1], p, None, rng) == (1, 2)
+    assert accept_sampled([1], p, np.array([[0.3, 0.4, 0.3]]), rng) == (1, 2)
+
+
+def test_empty_draft_samples_from_first_row():
+    p = np.array([[0.0, 0.0, 1.0]])
+    assert accept_sampled([], p, None, np.random.default_rng(0)) == (0, 2)
+    assert accept_sampled([], p, np.zeros((0, 3)), np.random.default_rng(0)) == (0, 2)
+
+
+def test_draft_token_outside_both_supports_is_rejected():
+    # p(x) = q(x) = 0. Not reachable from drafts sampled from q, but the rule documents itself as
+    # total for such callers, and accepting would emit a token the target can never produce.
+    # (Failed before the `p_x > 0.0 and ...` guard: `p_x >= q_x` was true for 0 >= 0.)
+    p = _normalise([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    q = np.array([[1.0, 0.0, 0.0]])
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n, t = accept_sampled([2], p, q, rng)
+        assert n == 0 and t in (0, 1)
+
+
+def test_draft_token_past_the_target_vocabulary_is_rejected():
+    """A draft vocabulary padded past the target's end: such ids have p = 0."""
+    p = _normalise([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]])
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(500):
+        n, t = accept_sampled([7], p, None, rng)  # lookup: residual is p itself
+        assert n == 0 and t in (0, 2)
+        seen.add(t)
+        # With q cut to the target's width (as ModelDrafter does), q(7) is not even indexable.
+        n, t = accept_sampled([3], p, np.array([[0.1, 0.1, 0.1]]), rng)
+        assert n == 0 and t in (0, 2)
+    assert seen == {0, 2}
+
+
+# --------------------------------------------------------------------------------------------
+# accept_greedy
+
+
+def test_greedy_all_accepted_gives_bonus_argmax():
+    assert accept_greedy([4, 2, 7], [4, 2, 7, 9]) == (3, 9)
+
+
+def test_greedy_first_mismatch_gives_target_argmax():
+    assert accept_greedy([4, 2, 7], [4, 5, 7, 9]) == (1, 5)
+    assert accept_greedy([4, 2, 7], [1, 2, 7, 9]) == (0, 1)
+    assert accept_greedy([4, 2, 7], [4, 2, 3, 9]) == (2, 3)
+
+
+def test_greedy_empty_draft():
+    assert accept_greedy([], [6]) == (0, 6)
+
+
+def test_greedy_accepts_numpy_inputs():
+    n, t = accept_greedy(np.array([3, 1]), np.array([3, 1, 0], dtype=np.int64))
+    assert (n, t) == (2, 0) and type(n) is int and type(t) is int

@@ -1,0 +1,246 @@
+"""`localspec bench`: the --json report has exactly the fields docs/bench-schema.md documents, with
+their types; bad prompt files, categories and -k values fail in one line with exit 2.
+
+The two real runs use the embedded default models with 2 prompts × 8 tokens and one thread each,
+so the file takes seconds even while other work shares the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localspec import bench
+from localspec.cli import app
+from localspec.cli_bench import format_report
+from localspec.config import ConfigError
+
+SCHEMA_DOC = Path(__file__).resolve().parent.parent / "docs" / "bench-schema.md"
+TWO_PROMPTS = (
+    '{"category": "edit", "prompt": "Rename x to count in: def f(x):\\n    return x + x"}\n'
+    "\n"
+    '{"category": "chat", "prompt": "Say hello.", "max_tokens": 6}\n'
+)
+TINY = ["--max-tokens", "8", "--temperature", "0", "--seed", "3", "--n-ctx", "512", "--threads", "1", "--json"]
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["bench", *args])
+
+
+# ---- the schema, read from the document -----------------------------------------------------------
+
+WILDCARDS = {
+    "<stats>": r"(?:overall|categories\.[^.]+)\.(?:plain|spec\.[^.]+)",
+    "<group>": r"(?:overall|categories\.[^.]+)",
+    "<category>": r"[^.]+",
+    "<k>": r"[^.]+",
+    "<ref>": r"(?:plain|lookup)",
+}
+
+
+def documented() -> dict[str, tuple[re.Pattern, str]]:
+    """{documented path: (regex over report paths, type)} from the tables of docs/bench-schema.md."""
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+?) \|", SCHEMA_DOC.read_text(encoding="utf-8"), re.M)
+    assert len(rows) > 80, "schema tables not found"
+    out = {}
+    for path, typ in rows:
+        rx = re.escape(path).replace(r"\[\]", r"\[\d+\]")
+        for name, sub in WILDCARDS.items():
+            rx = rx.replace(re.escape(name), sub)
+        out[path] = (re.compile(rx + r"\Z"), typ.strip())
+    return out
+
+
+def flatten(obj, path: str = "", element: bool = False):
+    """(path, value) for every object, array and leaf (array elements by their fields only); a
+    controller snapshot is one opaque object."""
+    if path and not element:
+        yield path, obj
+    if isinstance(obj, dict) and not re.fullmatch(r"controllers\.[^.]+", path):
+        for key, value in obj.items():
+            yield from flatten(value, f"{path}.{key}" if path else key)
+    elif isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
+        for i, value in enumerate(obj):
+            yield from flatten(value, f"{path}[{i}]", element=True)
+
+
+def type_ok(value, spec: str) -> bool:
+    for alt in spec.split(" or "):
+        alt = alt.strip()
+        if alt.startswith("array of "):
+            if isinstance(value, list) and all(type_ok(x, alt[len("array of "):]) for x in value):
+                return True
+        elif {
+            "string": isinstance(value, str),
+            "integer": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "boolean": isinstance(value, bool),
+            "object": isinstance(value, dict),
+            "array": isinstance(value, list),
+            "null": value is None,
+        }[alt]:
+            return True
+    return False
+
+
+def check_schema(report: dict) -> set[str]:
+    """Every field of the report is documented with a matching type; returns the documented paths seen."""
+    doc = documented()
+    seen = set()
+    for path, value in flatten(report):
+        hits = [p for p, (rx, _) in doc.items() if rx.match(path)]
+        assert hits, f"undocumented field {path}"
+        for p in hits:
+            assert type_ok(value, doc[p][1]), f"{path} = {value!r} is not {doc[p][1]} (documented as {p})"
+        seen.update(hits)
+    return seen
+
+
+# ---- two real runs -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reports(model_paths, tmp_path_factory):
+    """(model drafter with -k 2,auto, lookup drafter with -k 3 and --compare) on a 2-prompt file."""
+    f = tmp_path_factory.mktemp("bench") / "two.jsonl"
+    f.write_text(TWO_PROMPTS, encoding="utf-8")
+    out = []
+    for extra in (["-k", "2,auto"],
+                  ["--drafter", "lookup", "--target", str(model_paths[0]), "-k", "3", "--compare", "llama-cpp-python"]):
+        result = invoke("--prompts", str(f), *TINY, *extra)
+        assert result.exit_code == 0, result.output
+        out.append(json.loads(result.stdout))
+    return out
+
+
+def test_json_report_has_every_documented_field_with_its_type(reports):
+    seen = set()
+    for report in reports:
+        seen |= check_schema(report)
+    missing = set(documented()) - seen
+    assert not missing, f"documented but never produced: {sorted(missing)}"
+
+
+def test_model_drafter_report_contents(reports):
+    r = reports[0]
+    c = r["config"]
+    assert r["schema"] == bench.SCHEMA
+    assert c["drafter"] == "model" and c["draft"] and c["chat"] is True and c["compare"] is None
+    assert c["k"] == [2, "auto"] and c["categories"] == ["edit", "chat"] and c["seed"] == 3
+    assert list(r["categories"]) == ["edit", "chat"] and list(r["overall"]["spec"]) == ["2", "auto"]
+    assert r["overall"]["reference"] is None and set(r["controllers"]) == {"2", "auto"}
+    # Interleaved: every prompt runs every variant before the next prompt, order alternating.
+    assert [(x["prompt"], x["variant"]) for x in r["runs"]] == [
+        (0, "plain"), (0, "spec:2"), (0, "spec:auto"), (1, "spec:auto"), (1, "spec:2"), (1, "plain")]
+    assert all(x["n_tokens"] <= (8 if x["prompt"] == 0 else 6) for x in r["runs"])  # a line's max_tokens wins
+    for key, s in r["overall"]["spec"].items():
+        p = r["overall"]["plain"]
+        assert s["speedup"] == pytest.approx(s["tokens_per_second"] / p["tokens_per_second"])
+        assert sum(s["time_split"].values()) == pytest.approx(s["decode_seconds"], rel=1e-6)
+        assert s["n_runs"] == 2 and s["n_tokens"] > 0
+        assert 0 <= s["alpha"] <= 1 and s["greedy_match"] is not None
+        assert s["bound"] is None or s["bound"]["speedup"] > 0
+    assert r["overall"]["spec"]["2"]["bound"]["k"] == 2 or r["overall"]["spec"]["2"]["bound"] is None
+    table = format_report(r)
+    for word in ("edit", "chat", "overall", "speculative k=2", "speculative k=auto", "bound"):
+        assert word in table
+
+
+def test_compare_report_contents(reports):
+    r = reports[1]
+    assert r["config"]["drafter"] == "lookup" and r["config"]["draft"] is None
+    assert r["config"]["reference_lookup_tokens"] == 3
+    ref = r["overall"]["reference"]
+    assert ref["plain"]["lookup_tokens"] is None and ref["lookup"]["lookup_tokens"] == 3
+    assert ref["plain"]["n_runs"] == 2 and ref["plain"]["n_tokens"] > 0
+    assert set(ref["lookup"]["localspec_speedup"]) == {"plain", "3"}
+    assert len(r["runs"]) == 2 * 4
+    assert "llama-cpp-python" in format_report(r)
+
+
+# ---- bad input: one line, exit 2, before any model loads ----------------------------------------------
+
+
+def assert_clean_failure(result, *needles: str) -> str:
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in result.output, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        ('{"category": "chat", "prompt": "ok"', "invalid JSON"),
+        ('{"category": "chat"}', 'missing "prompt"'),
+        ('{"prompt": 42}', '"prompt" must be a string'),
+        ('{"prompt": "hi", "max_tokens": "ten"}', '"max_tokens" must be an integer'),
+        ('{"prompt": "hi", "max_tokens": true}', '"max_tokens" must be an integer'),
+        ('{"prompt": "hi", "max_tokens": 0}', '"max_tokens" must be >= 1'),
+        ('{"prompt": "hi", "category": ["a"]}', '"category" must be a string'),
+        ('{"prompt": "   "}', '"prompt" is empty'),
+        ('{"prompt": "hi", "max_token": 5}', "unknown key 'max_token'"),
+        ('["hi"]', "expected an object"),
+    ],
+)
+def test_bad_prompt_line_names_file_and_line(tmp_path, line, why):
+    f = tmp_path / "suite.jsonl"
+    f.write_text('{"category": "chat", "prompt": "fine"}\n' + line + "\n", encoding="utf-8")
+    assert_clean_failure(invoke("--prompts", str(f)), f"{f}:2:", why)
+
+
+def test_missing_or_empty_prompts_file(tmp_path):
+    assert_clean_failure(invoke("--prompts", str(tmp_path / "nope.jsonl")), "not found", "nope.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n", encoding="utf-8")
+    assert_clean_failure(invoke("--prompts", str(empty)), "no prompts")
+
+
+def test_unknown_category_lists_the_known_ones():
+    err = assert_clean_failure(invoke("--category", "poetry"), "'poetry'")
+    for c in ("code-edit", "grounded", "chat", "creative"):
+        assert c in err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-k", "1,x"], "draft tokens"), (["-k", "0"], ">= 1"), (["-k", "2,,4"], "draft tokens"),
+    (["--compare", "vllm"], "--compare"), (["--repeat", "0"], "repeat"), (["--max-tokens", "0"], "max-tokens"),
+])
+def test_bad_options_exit_2(args, needle):
+    assert_clean_failure(invoke(*args), needle)
+
+
+# ---- units ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, ks", [
+    (None, [None]), ("auto", [None]), ("AUTO", [None]), ("4", [4]), ("1,2,4", [1, 2, 4]),
+    (" 1, 2 ,8 ", [1, 2, 8]), ("auto,4", [None, 4]), ("2,2,auto,auto", [2, None]),
+])
+def test_k_sweep_parsing(text, ks):
+    assert bench.parse_k_sweep(text) == ks
+
+
+@pytest.mark.parametrize("text", ["", "x", "1,,2", "0", "-1", "1.5", "2,auto,z"])
+def test_k_sweep_rejects(text):
+    with pytest.raises(ConfigError):
+        bench.parse_k_sweep(text)
+
+
+def test_builtin_suite_has_four_categories_of_several_prompts():
+    prompts = bench.load_prompts()
+    by = {}
+    for p in prompts:
+        by.setdefault(p.category, []).append(p)
+    assert list(by) == ["code-edit", "grounded", "chat", "creative"]
+    assert all(len(v) >= 3 for v in by.values())
+    assert bench.select_categories(prompts, ["chat"]) == by["chat"]

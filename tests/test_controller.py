@@ -1,0 +1,302 @@
+"""KController against synthetic acceptance and cost streams (no model, no llama_cpp).
+
+Each simulated step: the controller picks k, the accepted prefix is drawn from per-position
+acceptance rates, and the timings are a cost curve times (1 +/- 5%) noise. Seeds are fixed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from localspec.controller import REFRESH_PLAIN, KController, expected_tokens
+
+MS = 1e-3
+# Measured on a 2-core CPU: F32 SmolLM2-135M decode of b tokens; the Q4_1 draft per token.
+CPU_B = [1, 2, 4, 8, 16]
+CPU_MS = [16.6, 27.1, 32.2, 42.7, 60.6]
+CPU_DRAFT = 7.7 * MS
+
+
+def cpu_verify(b: int) -> float:
+    return float(np.interp(b, CPU_B, CPU_MS)) * MS
+
+
+def linear_verify(slope: float):
+    """10 ms for one token, growing by `slope` per extra token (GPU-like when slope ~ 0)."""
+    return lambda b: 10 * MS * (1 + slope * (b - 1))
+
+
+def constant(alpha):
+    return lambda step, pos: alpha
+
+
+def simulate(ctrl, rng, steps, rate, verify, draft, limit=None, noise=0.05, start=0):
+    """Run `steps` decode steps; rate(step, position) is the acceptance at that 1-based position
+    given the earlier ones were accepted. Returns the k chosen at each step."""
+    ks = []
+    for step in range(start, start + steps):
+        lim = limit(step) if callable(limit) else limit
+        k = ctrl.choose(lim)
+        assert 0 <= k <= ctrl.k_max and (lim is None or k <= lim)
+        n_acc = 0
+        while n_acc < k and rng.random() < rate(step, n_acc + 1):
+            n_acc += 1
+        t_draft = k * draft * (1 + noise * rng.uniform(-1, 1))
+        t_verify = verify(k + 1) * (1 + noise * rng.uniform(-1, 1))
+        ctrl.observe(k, k, n_acc, t_draft, t_verify)
+        ks.append(k)
+    return ks
+
+
+def true_throughput(rates, draft, verify, k_max):
+    """Brute force: expected tokens per second for every k in 0..k_max."""
+    tokens = [1 + sum(np.prod(rates[:i]) for i in range(1, k + 1)) for k in range(k_max + 1)]
+    seconds = [k * draft + verify(k + 1) for k in range(k_max + 1)]
+    return np.array(tokens), np.array(seconds)
+
+
+def realised_vs_plain(ks, rates, draft, verify):
+    """Expected tokens per second of the chosen ks, relative to always decoding plain."""
+    tokens, seconds = true_throughput(rates, draft, verify, max(ks))
+    return tokens[ks].sum() / seconds[ks].sum() * seconds[0]
+
+
+# ---- expected_tokens -------------------------------------------------------------------------
+
+def test_expected_tokens_values():
+    assert expected_tokens(0.0, 5) == pytest.approx(1.0)
+    assert expected_tokens(1.0, 4) == pytest.approx(5.0)
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens(0.9, 0) == pytest.approx(1.0)
+    assert expected_tokens(1 - 1e-9, 7) == pytest.approx(8.0, rel=1e-6)   # continuous at 1
+
+
+# ---- convergence -----------------------------------------------------------------------------
+
+CASES = {
+    "cpu f32 target, q4 draft, alpha 0.95": (lambda i: 0.95, CPU_DRAFT, cpu_verify),
+    "cpu target, fast draft, alpha 0.8": (lambda i: 0.8, 1.5 * MS, cpu_verify),
+    "steep curve, alpha 0.9": (lambda i: 0.9, 1 * MS, linear_verify(0.3)),
+    "acceptance falls with position": (lambda i: 0.97 - 0.06 * (i - 1), 2 * MS, cpu_verify),
+    "steep curve, alpha 0.6: best k is 1": (lambda i: 0.6, 1 * MS, linear_verify(0.3)),
+    "steep curve, alpha 0.7, cheap draft": (lambda i: 0.7, 0.5 * MS, linear_verify(0.3)),
+    "nearly flat curve, alpha 0.9": (lambda i: 0.9, 1 * MS, linear_verify(0.05)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_converges_to_best_k(name):
+    rate_at, draft, verify = CASES[name]
+    k_max = 12
+    rates = [rate_at(i) for i in range(1, k_max + 1)]
+    tokens, seconds = true_throughput(rates, draft, verify, k_max)
+    thr = tokens / seconds
+    good = set(np.flatnonzero(thr >= 0.97 * thr.max()).tolist())
+    ctrl = KController(k_max=k_max)
+    ks = simulate(ctrl, np.random.default_rng(1), 600, lambda s, p: rate_at(p), verify, draft)
+    steady = ks[300:]
+    counts = np.bincount(steady, minlength=k_max + 1)
+    assert int(np.argmax(counts)) in good, (name, good, counts)
+    assert np.mean([k in good for k in steady]) >= 0.7, (name, good, counts)
+    # exploration and noise cost little: the realised throughput is close to the best
+    best = thr.max() * seconds[0]
+    assert realised_vs_plain(steady, rates, draft, verify) >= 0.96 * best, (name, counts)
+
+
+def test_flat_cost_curve_high_alpha_gives_large_k():
+    flat = linear_verify(0.002)
+    ctrl = KController(k_max=12)
+    ks = simulate(ctrl, np.random.default_rng(2), 400, constant(0.95), flat, 0.3 * MS)
+    assert np.median(ks[200:]) >= 9
+    assert ctrl.verify_cost(13) == pytest.approx(flat(13), rel=0.1)
+
+
+def test_learns_cost_curve_growing_with_b():
+    ctrl = KController(k_max=12)
+    simulate(ctrl, np.random.default_rng(3), 400, constant(0.9), cpu_verify, 1 * MS)
+    assert ctrl.draft_cost == pytest.approx(1 * MS, rel=0.1)
+    assert ctrl.verify_cost(1) == pytest.approx(cpu_verify(1), rel=0.1)
+    b = ctrl.last_k + 1
+    assert ctrl.verify_cost(b) == pytest.approx(cpu_verify(b), rel=0.1)
+    assert ctrl.verify_cost(b) > 1.3 * ctrl.verify_cost(1)
+    assert ctrl.alpha == pytest.approx(0.9, abs=0.1)
+
+
+def test_tracks_costs_that_drift_while_speculating():
+    """The context grows, so every decode gets slower; t_verify(1) must not go stale."""
+    ctrl = KController(k_max=12)
+    drift = lambda step: 1 + step / 1000               # noqa: E731  1.0 -> 1.8 over the run
+    rng = np.random.default_rng(11)
+    for step in range(800):
+        simulate(ctrl, rng, 1, constant(0.9), lambda b: drift(step) * cpu_verify(b), 2 * MS,
+                 start=step)
+    assert ctrl.verify_cost(1) == pytest.approx(1.8 * cpu_verify(1), rel=0.12)
+    assert ctrl.snapshot()["steps"] == 800
+
+
+def test_one_timing_spike_does_not_derail():
+    ctrl = KController(k_max=12)
+    rng = np.random.default_rng(12)
+    simulate(ctrl, rng, 200, constant(0.9), cpu_verify, 2 * MS)
+    k = ctrl.choose()
+    ctrl.observe(k, k, k, k * 2 * MS, 20 * cpu_verify(k + 1))     # a GC pause or a swap-in
+    assert ctrl.verify_cost(k + 1) < 1.3 * cpu_verify(k + 1)
+    ks = simulate(ctrl, rng, 50, constant(0.9), cpu_verify, 2 * MS, start=201)
+    assert np.median(ks) >= 3
+
+
+# ---- going to plain decoding and coming back -------------------------------------------------
+
+@pytest.mark.parametrize("alpha, draft, verify", [
+    (0.2, CPU_DRAFT, cpu_verify),              # low acceptance
+    (0.8, 10 * MS, linear_verify(0.1)),        # drafting a token costs as much as a verify
+])
+def test_goes_plain_when_unprofitable(alpha, draft, verify):
+    ctrl = KController(k_max=12)
+    ks = np.array(simulate(ctrl, np.random.default_rng(4), 500, constant(alpha), verify, draft))
+    assert np.mean(ks > 0) < 0.10                   # probes (and the first step) are rare
+    assert np.mean(ks[50:] == 0) >= 0.9
+    assert realised_vs_plain(ks, [alpha] * 12, draft, verify) >= 0.95
+    assert ctrl.expected_speedup(2) < 1.0
+
+
+def test_near_break_even_costs_little():
+    """alpha 0.5 with a fast draft on the CPU curve: speculation loses ~14%, barely."""
+    ctrl = KController(k_max=12)
+    ks = np.array(simulate(ctrl, np.random.default_rng(4), 600, constant(0.5), cpu_verify, 2 * MS))
+    assert np.mean(ks[100:] == 0) >= 0.85
+    assert realised_vs_plain(ks, [0.5] * 12, 2 * MS, cpu_verify) >= 0.95
+
+
+def first_sustained(ks, k_min=2, run=5):
+    return next(i for i in range(len(ks) - run) if all(k >= k_min for k in ks[i:i + run]))
+
+
+def test_comes_back_when_acceptance_rises():
+    ctrl = KController(k_max=12)
+    rng = np.random.default_rng(5)
+    ks_low = simulate(ctrl, rng, 1000, constant(0.1), cpu_verify, 2 * MS)
+    assert np.mean(np.array(ks_low[100:]) == 0) > 0.9
+    ks = simulate(ctrl, rng, 300, constant(0.95), cpu_verify, 2 * MS, start=1000)
+    first = first_sustained(ks)
+    assert first <= 120, ks[:150]
+    assert np.mean(np.array(ks[first:]) >= 2) > 0.9
+
+
+def test_comes_back_on_cpu_pair():
+    """F32 target + Q4_1 draft: speculation only pays at high alpha, and only a little."""
+    ctrl = KController(k_max=12)
+    rng = np.random.default_rng(6)
+    simulate(ctrl, rng, 600, constant(0.3), cpu_verify, CPU_DRAFT)
+    ks = simulate(ctrl, rng, 400, constant(0.97), cpu_verify, CPU_DRAFT, start=600)
+    assert first_sustained(ks) <= 250, ks[:250]
+
+
+def test_drops_quickly_when_acceptance_falls():
+    ctrl = KController(k_max=12)
+    rng = np.random.default_rng(7)
+    ks = simulate(ctrl, rng, 200, constant(0.95), cpu_verify, 2 * MS)
+    assert np.median(ks[-20:]) >= 4
+    ks = np.array(simulate(ctrl, rng, 100, constant(0.05), cpu_verify, 2 * MS, start=200))
+    assert np.flatnonzero(ks == 0)[0] <= 10, ks[:20]      # a few wasted long drafts at most
+    assert np.mean(ks[10:] == 0) >= 0.85                    # then plain, with a few probes
+
+
+def test_measures_plain_cost_now_and_then_while_speculating():
+    ctrl = KController(k_max=12)
+    ks = simulate(ctrl, np.random.default_rng(8), 400, constant(0.95), cpu_verify, 2 * MS)
+    plain = np.flatnonzero(np.array(ks) == 0)
+    assert np.diff(plain).max() <= REFRESH_PLAIN + 1
+    assert np.mean(np.array(ks[100:]) == 0) < 0.05
+
+
+# ---- limit, plain steps, fixed k -------------------------------------------------------------
+
+def test_limit_is_respected_and_zero_limit_is_plain():
+    ctrl = KController(k_max=12, draft_cost_free=True)
+    rng = np.random.default_rng(9)
+    limits = rng.integers(0, 6, size=400)
+    ks = simulate(ctrl, rng, 400, constant(0.9), cpu_verify, 0.01 * MS,
+                  limit=lambda s: int(limits[s]))
+    assert all(k <= lim for k, lim in zip(ks, limits))
+    assert all(k == 0 for k, lim in zip(ks, limits) if lim == 0)
+    # drafting is nearly free and alpha high: it drafts whatever the lookup offers
+    assert np.mean([k == lim for k, lim in zip(ks[50:], limits[50:])]) > 0.9
+
+
+def test_plain_step_tells_nothing_about_alpha():
+    ctrl = KController(k_max=8, draft_cost_free=True)
+    assert ctrl.choose(limit=0) == 0
+    ctrl.observe(0, 0, 0, 0.0, 0.02)
+    ctrl.observe(4, 0, 0, 1e-5, 0.021)      # asked 4, the lookup found nothing: still plain
+    assert ctrl.alpha is None
+    assert ctrl.acceptance_by_position() == [None] * 8
+    assert ctrl.verify_cost(1) == pytest.approx(0.02 * 0.75 + 0.021 * 0.25)
+    assert ctrl.draft_cost is None
+
+
+def test_fixed_k_mode_records_statistics():
+    ctrl = KController(k_max=12, fixed_k=5)
+    ks = simulate(ctrl, np.random.default_rng(10), 200, constant(0.1), cpu_verify, CPU_DRAFT)
+    assert ks == [5] * 200                   # even though plain would be faster
+    assert ctrl.choose(limit=3) == 3
+    assert ctrl.choose(limit=0) == 0
+    assert ctrl.alpha == pytest.approx(0.1, abs=0.1)
+    assert ctrl.verify_cost(6) == pytest.approx(cpu_verify(6), rel=0.1)
+    assert ctrl.expected_speedup(5) < 1.0
+    assert KController(k_max=4, fixed_k=8).choose() == 8
+
+
+def test_start_up_explores_draft_and_plain():
+    ctrl = KController()
+    assert ctrl.alpha is None and ctrl.verify_cost(3) is None and ctrl.expected_speedup(2) is None
+    k = ctrl.choose()
+    assert 2 <= k <= 6
+    ctrl.observe(k, k, k, k * 0.002, 0.030)
+    assert ctrl.choose() == 0                # the plain cost is measured before optimising
+    ctrl.observe(0, 0, 0, 0.0, 0.016)
+    assert ctrl.choose() > 0
+
+
+def test_drafter_may_propose_fewer_than_asked():
+    ctrl = KController(k_max=8)
+    ctrl.observe(6, 3, 1, 0.006, 0.02)       # the drafter stopped early; the batch was 4
+    assert ctrl.verify_cost(4) == pytest.approx(0.02)
+    assert ctrl.draft_cost == pytest.approx(0.002)
+    by_pos = ctrl.acceptance_by_position()
+    assert by_pos[0] == 1.0 and by_pos[1] == 0.0 and by_pos[2] is None
+    with pytest.raises(ValueError):
+        ctrl.observe(2, 3, 1, 0.0, 0.01)     # drafted more than asked
+    with pytest.raises(ValueError):
+        ctrl.observe(3, 2, 3, 0.0, 0.01)     # accepted more than drafted
+
+
+# ---- cost curve and reporting ----------------------------------------------------------------
+
+def test_verify_cost_interpolates_and_extrapolates():
+    ctrl = KController(k_max=12)
+    ctrl.observe(4, 4, 4, 0.004, 0.030)      # b = 5
+    assert ctrl.verify_cost(1) == pytest.approx(0.030 / 1.4)   # prior shape 1 + 0.1 (b - 1)
+    ctrl.observe(0, 0, 0, 0.0, 0.010)        # b = 1
+    assert ctrl.verify_cost(3) == pytest.approx(0.020)         # linear between neighbours
+    assert ctrl.verify_cost(9) == pytest.approx(0.050)         # linear fit beyond
+    ctrl.observe(8, 8, 0, 0.008, 0.036)      # b = 9: the curve bends, the fit follows
+    assert 0.030 < ctrl.verify_cost(7) < 0.036
+    assert 0.036 < ctrl.verify_cost(13) < 0.036 + 4 * 0.005
+    assert ctrl.verify_cost(40) > ctrl.verify_cost(13)         # beyond k_max + 1 too
+
+
+def test_snapshot_is_json():
+    assert json.loads(json.dumps(KController().snapshot()))["alpha"] is None
+    ctrl = KController(k_max=6)
+    simulate(ctrl, np.random.default_rng(13), 50, constant(0.8), cpu_verify, 2 * MS)
+    snap = json.loads(json.dumps(ctrl.snapshot()))
+    assert snap["alpha"] == pytest.approx(ctrl.alpha)
+    assert len(snap["acceptance_by_position"]) == 6
+    assert len(snap["verify_cost_curve"]) == 7
+    assert snap["last_k"] == ctrl.last_k
+    assert snap["expected_speedup"][0] == pytest.approx(1.0)
+    assert snap["expected_speedup"][3] == pytest.approx(ctrl.expected_speedup(3))

@@ -1,0 +1,227 @@
+"""The chat behind the screen: history, settings, fitting the context, one reply at a time, and the
+live numbers the speculation panel shows.
+
+Nothing here imports Textual, so it can be reasoned about and tested without a screen. The app runs
+`Chat.prepare` and `Chat.reply` in a thread worker and reads `LiveStats.view()` from a timer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from localspec.config import ConfigError, DecodeConfig, SamplingConfig
+from localspec.controller import KController
+from localspec.decoder import Step
+from localspec.drafters import common_prefix
+from localspec.stats import RunStats
+from localspec.stream import Chunk, stream_text
+
+TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
+WINDOW = 32          # steps in the rolling α, tokens/s and sparkline
+PLAIN_WEIGHT = 0.2   # weight of a new plain step in the plain-speed EWMA
+
+
+class LiveStats:
+    """Per-step numbers shared by the generation thread (writer) and the panel timer (reader).
+
+    The writer does O(1) work per step under a short lock; the reader copies what it needs, so the
+    panel can refresh a few times a second without ever holding up generation.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total = RunStats()
+        self._recent: deque[Step] = deque(maxlen=WINDOW)
+        self._plain: float | None = None  # seconds per target pass without a draft (k = 0 steps)
+
+    def add(self, step: Step) -> None:
+        seconds = step.t_draft + step.t_verify + step.t_python
+        with self._lock:
+            self._total.add(step)
+            self._recent.append(step)
+            if step.n_drafted == 0 and seconds > 0:
+                # A pass with no draft is plain decoding: one token for one target pass. Measured,
+                # never guessed, so the panel shows "—" until such a step happened.
+                old = self._plain
+                self._plain = seconds if old is None else (1 - PLAIN_WEIGHT) * old + PLAIN_WEIGHT * seconds
+
+    def view(self) -> dict:
+        with self._lock:
+            recent = list(self._recent)
+            total = self._total
+            alpha_all, drafted, accepted = total.alpha, total.n_drafted, total.n_accepted
+            by_position = total.acceptance_by_position()
+            plain = self._plain
+        r_drafted = sum(s.n_drafted for s in recent)
+        r_accepted = sum(s.n_accepted for s in recent)
+        r_tokens = sum(len(s.tokens) for s in recent)
+        r_seconds = sum(s.t_draft + s.t_verify + s.t_python for s in recent)
+        tps = r_tokens / r_seconds if r_seconds > 0 else None
+        plain_tps = 1.0 / plain if plain else None
+        return {
+            "alpha_all": alpha_all,
+            "alpha_recent": r_accepted / r_drafted if r_drafted else None,
+            "spark": [float(len(s.tokens)) for s in recent],
+            "k_now": recent[-1].k if recent else None,
+            "tokens_per_pass": r_tokens / len(recent) if recent else None,
+            "tps": tps,
+            "plain_tps": plain_tps,
+            "speedup": tps / plain_tps if tps and plain_tps else None,
+            "drafted": drafted,
+            "accepted": accepted,
+            "by_position": by_position,
+        }
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A prompt ready to generate from."""
+
+    prompt: list[int]
+    dropped: int
+    """Oldest messages removed from the history so that prompt + max_tokens fits n_ctx."""
+    cached: int
+    """Prompt tokens already in the target's KV cache (not evaluated again)."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    finish: str
+    """"stop", "length", "context" (n_ctx reached) or "stopped" (the user pressed Esc)."""
+    n_tokens: int
+    seconds: float
+    alpha: float | None
+
+
+class Chat:
+    """A conversation with one loaded Session. Settings changed while a reply runs apply to the next."""
+
+    def __init__(self, session, sampling: SamplingConfig, k: int | None = None,
+                 max_tokens: int = 256, system: str | None = None, k_max: int = 12) -> None:
+        self.session = session
+        self.sampling = sampling
+        self.k = k
+        self.k_max = max(k_max, k or 0)
+        self.max_tokens = max_tokens
+        self.system = system
+        self.history: list[dict[str, str]] = []   # user/assistant messages; the system prompt apart
+        self.drafter_kind = session.drafter_kind
+        self._spec_kind = self.drafter_kind if self.drafter_kind != "none" else self.kinds[0]
+        self._drafters: dict[str, object] = {}
+        # One controller per drafter for the whole session: learned costs and acceptance persist
+        # across turns, and a lookup's statistics never pollute the draft model's.
+        self._controllers: dict[str, KController] = {}
+        self.rng = np.random.default_rng(sampling.seed)
+        self.live = LiveStats()
+        self.stop = threading.Event()
+
+    # ---- settings ------------------------------------------------------------------------------
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (("model",) if self.session.draft is not None else ()) + ("lookup", "none")
+
+    def toggle_speculation(self) -> str:
+        """none ↔ the drafter used before."""
+        if self.drafter_kind == "none":
+            self.drafter_kind = self._spec_kind
+        else:
+            self._spec_kind, self.drafter_kind = self.drafter_kind, "none"
+        return self.drafter_kind
+
+    def cycle_drafter(self) -> str:
+        kinds = self.kinds
+        self.drafter_kind = kinds[(kinds.index(self.drafter_kind) + 1) % len(kinds)]
+        if self.drafter_kind != "none":
+            self._spec_kind = self.drafter_kind
+        return self.drafter_kind
+
+    def cycle_temperature(self) -> float:
+        """The next temperature of TEMPERATURES above the current one, wrapping to 0."""
+        now = self.sampling.temperature
+        nxt = next((t for t in TEMPERATURES if t > now + 1e-9), TEMPERATURES[0])
+        self.sampling = replace(self.sampling, temperature=nxt)
+        return nxt
+
+    def reset(self) -> None:
+        """Forget the conversation. The KV caches need no reset: the next prompt shares the system
+        part with what they hold, and `sync` keeps exactly the common prefix."""
+        self.history.clear()
+
+    # ---- one turn ------------------------------------------------------------------------------
+    def messages(self) -> list[dict[str, str]]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.history
+
+    def prepare(self, text: str) -> Turn:
+        """Add the user's message and build the prompt with the GGUF's chat template, dropping the
+        oldest user/assistant pairs (never the system prompt) while prompt + max_tokens > n_ctx."""
+        target = self.session.target
+        self.history.append({"role": "user", "content": text})
+        dropped = 0
+        while True:
+            prompt = target.chat_prompt(self.messages())
+            if len(prompt) + self.max_tokens <= target.n_ctx or len(self.history) < 3:
+                break
+            del self.history[:2]   # a user message and its reply go together: roles keep alternating
+            dropped += 2
+        if len(prompt) >= target.n_ctx - 1:
+            self.history.pop()
+            raise ConfigError(f"message too long: the prompt is {len(prompt)} tokens and n_ctx is "
+                              f"{target.n_ctx}; shorten it or restart with a larger --n-ctx")
+        # The decoder syncs the cache to prompt[:-1]; this much of it is already there.
+        return Turn(prompt, dropped, common_prefix(target.tokens, prompt[:-1]))
+
+    def reply(self, turn: Turn, on_chunk: Callable[[Chunk], None]) -> Reply:
+        """Generate the assistant's reply to a prepared turn; stops between target passes once
+        `self.stop` is set. The text generated so far (even if stopped) joins the history."""
+        kind, sampling = self.drafter_kind, self.sampling
+        drafter = self._drafter(kind)
+        controller = self._controller(kind, drafter)
+        decode = DecodeConfig(max_tokens=self.max_tokens, k=self.k, k_max=self.k_max)
+        parts: list[str] = []
+        n_tokens = n_drafted = n_accepted = 0
+        finish = "stop"
+        start = time.perf_counter()
+        stream = stream_text(self.session.target, drafter, turn.prompt, sampling, decode, controller, self.rng)
+        try:
+            for chunk in stream:
+                self.live.add(chunk.step)
+                parts.append(chunk.text)
+                n_tokens += len(chunk.step.tokens)
+                n_drafted += chunk.step.n_drafted
+                n_accepted += chunk.step.n_accepted
+                on_chunk(chunk)
+                if chunk.step.finish is not None:
+                    finish = chunk.step.finish
+                elif self.stop.is_set():
+                    finish = "stopped"
+                    break
+        except BaseException:
+            self.history.pop()   # take the turn back: the user sees the error and may send it again
+            raise
+        finally:
+            # A generator left by `break` is only closed when collected; close it now so the
+            # decoder rewinds the KV cache to the accepted text before anything else runs.
+            stream.close()
+        self.history.append({"role": "assistant", "content": "".join(parts)})
+        return Reply(finish, n_tokens, time.perf_counter() - start,
+                     n_accepted / n_drafted if n_drafted else None)
+
+    def _drafter(self, kind: str):
+        if kind == "none":
+            return None
+        if kind not in self._drafters:
+            self._drafters[kind] = self.session.make_drafter(kind)
+        return self._drafters[kind]
+
+    def _controller(self, kind: str, drafter) -> KController:
+        if kind not in self._controllers:
+            self._controllers[kind] = KController(
+                self.k_max, fixed_k=self.k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
+        return self._controllers[kind]

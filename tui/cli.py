@@ -1,0 +1,56 @@
+"""`localspec chat`, registered on the main Typer app through the "localspec.commands" entry point."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("chat")(chat)
+
+
+def chat(
+    target: Optional[str] = typer.Option(None, "--target", help="Target GGUF (default: embedded SmolLM2-135M F32)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF sharing the target's tokenizer."),
+    drafter: Optional[str] = typer.Option(
+        None, "--drafter", help="model | lookup | none (default: model when a draft is available, else lookup)."
+    ),
+    k: Optional[str] = typer.Option(None, "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy (default 0.8); F4 changes it."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k truncation, 0 = off (default 40)."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus truncation, 1 = off (default 0.95)."),
+    min_p: Optional[float] = typer.Option(None, "--min-p", help="Min-p truncation, 0 = off (default 0.05)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default: random)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="Longest reply, in tokens."),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="Context length (default 4096); older turns are dropped beyond it."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: this machine's cores)."),
+    target_gpu_layers: Optional[int] = typer.Option(None, "--target-gpu-layers", help="Target layers on the GPU (-1 = all)."),
+    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all)."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Model preset from `localspec models`; flags override it."),
+) -> None:
+    """Chat in the terminal, watching speculation work: α, k, tokens/s and which words the draft wrote."""
+    from localspec.cli import fail, resolve_options
+    from localspec.config import ConfigError, DecodeConfig
+    from localspec.engine import EngineError
+
+    try:
+        opts = resolve_options(
+            preset=preset, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
+            top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, n_ctx=n_ctx, threads=threads,
+            target_gpu_layers=target_gpu_layers, draft_gpu_layers=draft_gpu_layers,
+        )
+        DecodeConfig(max_tokens=max_tokens, k=opts.k)   # validates max-tokens and -k now, in one line
+    except (ConfigError, EngineError) as e:
+        fail(e)
+
+    from .app import ChatApp   # Textual is imported only when the chat really starts
+
+    app = ChatApp(opts.load, opts.sampling, k=opts.k, max_tokens=max_tokens, system=system)
+    app.run()
+    if app.session is not None:
+        app.session.close()   # the reply thread has ended: App.run waits for its workers
+    if app.load_error:
+        fail(app.load_error)  # the screen is gone; say why once more, and exit 2 like `generate`

@@ -1,0 +1,210 @@
+"""Widgets of the chat screen: the speculation panel, the token view of a reply, notices, legend."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Input, Label, Sparkline, Static
+
+DRAFT_STYLE = "bold #5fd7ff"     # accepted draft tokens; the target's own tokens stay plain
+BARS = "▁▂▃▄▅▆▇█"
+LABEL_WIDTH = 13
+
+
+def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def bars(rates: list[float], limit: int = 12) -> str:
+    """Acceptance rates 0..1 as bars on an absolute scale (a Sparkline would rescale to min..max,
+    making 0.97 vs 1.0 look like a collapse)."""
+    return "".join(BARS[min(len(BARS) - 1, int(r * (len(BARS) - 1) + 0.5))] for r in rates[:limit]) or "—"
+
+
+def k_label(view: dict, settings: dict) -> str:
+    if settings["drafter"] == "none":
+        return "0 (off)"
+    mode = "auto" if settings["k"] is None else "fixed"
+    return f"{'—' if view['k_now'] is None else view['k_now']} ({mode})"
+
+
+def panel_rows(view: dict, settings: dict) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(rows above the sparkline, rows below it) as (label, value)."""
+    above = [
+        ("drafter", settings["drafter_label"]),
+        ("α (all)", fmt(view["alpha_all"], ".3f")),
+        ("α (last 32)", fmt(view["alpha_recent"], ".3f")),
+    ]
+    below = [
+        ("k now", k_label(view, settings)),
+        ("tokens/pass", fmt(view["tokens_per_pass"])),
+        ("tokens/s", fmt(view["tps"], ".1f")),
+        ("plain tok/s", fmt(view["plain_tps"], ".1f")),
+        ("speedup", fmt(view["speedup"], ".2f", "×")),
+        ("drafted", str(view["drafted"])),
+        ("accepted", str(view["accepted"])),
+        ("by position", bars(view["by_position"])),
+        ("temperature", f"{settings['temperature']:g}"),
+    ]
+    return above, below
+
+
+def table(rows: list[tuple[str, str]]) -> Text:
+    text = Text()
+    for i, (label, value) in enumerate(rows):
+        text.append(f"{label:<{LABEL_WIDTH}}", style="dim")
+        text.append(value, style="bold")
+        if i < len(rows) - 1:
+            text.append("\n")
+    return text
+
+
+def compact(view: dict, settings: dict) -> Text:
+    """Two lines for narrow terminals; α, k and tokens/s come first so they are never the part cut."""
+    text = Text()
+    for label, value in (
+        ("α", fmt(view["alpha_all"])), ("α32", fmt(view["alpha_recent"])),
+        ("k", k_label(view, settings)), ("tok/s", fmt(view["tps"], ".1f")),
+        ("plain", fmt(view["plain_tps"], ".1f")), ("×", fmt(view["speedup"])),
+    ):
+        text.append(f"{label} ", style="dim")
+        text.append(f"{value}  ", style="bold")
+    text.append("\n")
+    for label, value in (
+        ("tok/pass", fmt(view["tokens_per_pass"])), ("drafted", str(view["drafted"])),
+        ("accepted", str(view["accepted"])), ("by pos", bars(view["by_position"], 8)),
+        ("drafter", settings["drafter"]),
+    ):
+        text.append(f"{label} ", style="dim")
+        text.append(f"{value}  ", style="bold")
+    return text
+
+
+class SpecPanel(Vertical):
+    """Speculation numbers. Refreshed by the app's timer, never per token. Two forms: a table at
+    the right of wide screens, two lines under the conversation on narrow ones (CSS picks)."""
+
+    DEFAULT_CSS = """
+    SpecPanel { height: auto; border: round $primary 60%; border-title-color: $text-muted; padding: 0 1; }
+    SpecPanel #spark-row { height: 1; }
+    SpecPanel #spark-label { width: 14; color: $text-muted; }
+    SpecPanel Sparkline { width: 1fr; }
+    SpecPanel #spec-compact { display: none; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # Held directly (not queried) so a timer tick during mount or shutdown finds them.
+        self.above = Static(id="spec-above")
+        self.below = Static(id="spec-below")
+        self.compact = Static(id="spec-compact")
+        self.spark = Sparkline([], id="spark")
+
+    def compose(self) -> ComposeResult:
+        yield self.above
+        with Horizontal(id="spark-row"):
+            yield Label("recent passes", id="spark-label")
+            yield self.spark
+        yield self.below
+        yield self.compact
+
+    def on_mount(self) -> None:
+        self.border_title = "speculation"
+
+    def show(self, view: dict, settings: dict) -> None:
+        above, below = panel_rows(view, settings)
+        self.above.update(table(above))
+        self.below.update(table(below))
+        self.compact.update(compact(view, settings))
+        if self.spark.data != view["spark"]:
+            self.spark.data = view["spark"]
+
+
+class ReplyView(Static):
+    """An assistant reply: accepted draft tokens styled apart from the target's own tokens."""
+
+    def __init__(self, highlight: bool = True, **kwargs) -> None:
+        super().__init__(Text("…", style="dim"), **kwargs)
+        self.pieces: list[tuple[str, bool]] = []
+        self.highlight = highlight
+        self.note = ""
+
+    def add(self, pieces) -> None:
+        self.pieces.extend(pieces)
+        self.redraw()
+
+    def set_highlight(self, on: bool) -> None:
+        self.highlight = on
+        self.redraw()
+
+    def set_note(self, note: str) -> None:
+        self.note = note
+        self.redraw()
+
+    @property
+    def text(self) -> str:
+        return "".join(t for t, _ in self.pieces)
+
+    def redraw(self) -> None:
+        text = Text()
+        for piece, from_draft in self.pieces:
+            text.append(piece, style=DRAFT_STYLE if from_draft and self.highlight else "")
+        if not self.pieces:
+            text.append("…", style="dim")
+        if self.note:
+            text.append(f"\n{self.note}", style="dim italic")
+        self.update(text)
+
+
+class MessageRow(Horizontal):
+    """A speaker label and the message beside it."""
+
+    DEFAULT_CSS = """
+    MessageRow { height: auto; margin-bottom: 1; }
+    MessageRow > .who { width: 7; color: $text-muted; text-style: bold; }
+    MessageRow > .who-user { color: $success; }
+    MessageRow > .body { width: 1fr; }
+    """
+
+    def __init__(self, who: str, body: Static, user: bool = False) -> None:
+        super().__init__()
+        self.who, self.body = who, body
+        self.user = user
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.who, classes="who who-user" if self.user else "who")
+        self.body.add_class("body")
+        yield self.body
+
+
+class NoticeLine(Static):
+    """Errors and notices in the conversation: one styled line, never a traceback."""
+
+    DEFAULT_CSS = """
+    NoticeLine { height: auto; margin-bottom: 1; color: $text-muted; text-style: italic; }
+    NoticeLine.warning { color: $warning; }
+    """
+
+    def __init__(self, text: str, kind: str = "info") -> None:
+        mark = "⚠ " if kind == "warning" else "· "
+        super().__init__(Text(mark + text), classes=kind)
+
+
+class Legend(Static):
+    def show(self, highlight: bool) -> None:
+        text = Text()
+        if highlight:
+            text.append("accepted draft", style=DRAFT_STYLE)
+            text.append("  target's own token", style="")
+            text.append("  F5", style="dim")
+        else:
+            text.append("highlighting off  F5", style="dim")
+        self.update(text)
+
+
+class ChatInput(Input):
+    """The prompt line; Enter is shown in the footer as "Send"."""
+
+    BINDINGS = [Binding("enter", "submit", "Send", show=True)]
