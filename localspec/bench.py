@@ -388,6 +388,16 @@ def _bound(spec: list[Run], plain: list[Run], fixed_k: int | None, k_max: int) -
     return best
 
 
+def _median_speedup(spec: list[Run], plain: list[Run]) -> float | None:
+    """Median over prompts (and repeats) of spec t/s ÷ plain t/s of the same prompt: unlike the
+    ratio of totals, one run hit by a burst of other load barely moves it."""
+    rate = lambda r: _ratio(len(r.tokens), r.decode)  # noqa: E731
+    by = {(r.prompt, r.repeat): rate(r) for r in plain}
+    pairs = [_ratio(rate(r), by.get((r.prompt, r.repeat))) for r in spec]
+    pairs = [x for x in pairs if x is not None]
+    return float(np.median(pairs)) if pairs else None
+
+
 def _matches(runs: list[Run], plain_by: dict, greedy: bool) -> float | None:
     """Fraction of runs whose output equals the plain run of the same prompt (temperature 0 only)."""
     pairs = [(r.tokens, plain_by.get((r.prompt, r.repeat))) for r in runs]
@@ -419,6 +429,7 @@ def _group(runs: list[Run], variants: list[Variant], members: set[int], greedy: 
             "n_accepted": st.n_accepted,
             "drafting_step_fraction": _ratio(st.drafted_at[0] if st.drafted_at else 0, st.n_steps),
             "speedup": _ratio(s["tokens_per_second"], plain["tokens_per_second"]),
+            "speedup_median": _median_speedup(of(v), plain_runs),
             "bound": _bound(of(v), plain_runs, v.k, max(K_MAX, v.k or 0)),
             "greedy_match": _matches(of(v), plain_by, greedy),
         })

@@ -222,15 +222,10 @@ def summary_line(r: dict) -> str:
 
 
 def _register_commands() -> None:
-    from . import cli_presets
+    from . import cli_bench, cli_doctor, cli_presets
 
-    cli_presets.register(app)
-    for module in ("cli_bench", "cli_doctor"):
-        try:
-            mod = __import__(f"localspec.{module}", fromlist=["register"])
-        except ModuleNotFoundError:
-            continue
-        mod.register(app)
+    for module in (cli_presets, cli_bench, cli_doctor):
+        module.register(app)
     # Commands from other packages (the terminal UI registers `chat`) arrive through entry points,
     # so this package never imports them directly.
     for ep in entry_points(group="localspec.commands"):

@@ -13,13 +13,13 @@ import numpy as np
 ALPHA_PRIOR = 0.7          # acceptance before any data: typical for a same-family draft
 ALPHA_PRIOR_WEIGHT = 2.0   # worth two trials, so real data take over at once
 ALPHA_DECAY = 0.98         # per accept/reject trial: remembers ~50 trials
-POSITION_DECAY = 0.95      # per observation of that position: ~20 observations
+POSITION_DECAY = 0.97      # per observation of that position: ~33 observations
 POSITION_SHRINK = 3.0      # pseudo-trials of the overall rate mixed into each position's rate
 COST_WEIGHT = 0.25         # weight of a new timing in a cost EWMA
 COST_CLIP = 2.0            # one timing moves an estimate by at most this factor (GC pauses etc.)
 COST_STALE = 32            # a batch size unmeasured for this many steps: its new timing counts half
 VERIFY_PRIOR_SLOPE = 0.1   # t_verify(b) ~ 1 + 0.1 (b - 1) until two batch sizes are measured
-START_K = 4                # first step drafts a moderate k to measure t_draft and alpha
+START_K = 4                # the first two steps draft a moderate k to measure t_draft and alpha
 PROBE_K = 2                # while plain, probe with at least this many drafts...
 PROBE_OVERHEAD = 0.005     # ...as often as keeps the expected loss to ~0.5% of plain throughput,
 PROBE_OPTIMISM = 2.0       # (judged optimistically while estimates rest on few trials)
@@ -76,9 +76,10 @@ class KController:
         self._cusum_low = self._cusum_high = 0.0   # change detection, see _detect_change
         self._verify: dict[int, float] = {}        # batch size b -> EWMA seconds
         self._verified_at: dict[int, int] = {}     # batch size b -> step of its last timing
+        self._verify_n: dict[int, int] = {}        # batch size b -> number of timings
         self._curve: np.ndarray | None = None      # verify_cost(1..k_max+1), refitted lazily
         self._draft: float | None = None           # seconds per drafted token
-        self._steps = 0
+        self._steps = self._draft_steps = 0
         self._since_plain = 0      # steps since t_verify(1) was last measured
         self._since_probe = 0      # plain steps since the last probe
         self._probe_every = PROBE_MIN
@@ -96,8 +97,8 @@ class KController:
             k = min(self.fixed_k, cap)
         elif cap == 0:
             k = 0                       # nothing to draft: a plain step, not a decision
-        elif self._draft is None:
-            k = min(START_K, cap)       # measure t_draft, alpha and one verify size first
+        elif self._draft_steps < 2:     # measure t_draft, alpha and one verify size first;
+            k = min(START_K, cap)       # twice, as a first timing is often cold
         elif 1 not in self._verify or self._since_plain >= REFRESH_PLAIN:
             k = 0                       # plain cost unknown or stale (the context grows)
         else:
@@ -124,11 +125,11 @@ class KController:
         difference, so probes spaced loss / PROBE_OVERHEAD apart cost ~0.5%: frequent near
         break-even, where the decision is least sure, rare in a hopeless stretch. The estimate
         is optimistic while it rests on few trials (start, after an alarm). Each probe in a row
-        fully accepted against the estimate's odds halves the interval: the estimate lags a
-        change, the streak does not."""
+        fully accepted against the estimate's odds halves the interval and makes the next probe
+        one longer: the estimate lags a change, the streak does not."""
         tokens, seconds = self._estimates(cap, optimism=PROBE_OPTIMISM)
         best = 1 + int(np.argmax(tokens[1:] / seconds[1:]))
-        k = min(max(best, PROBE_K), START_K, cap)
+        k = min(max(best, PROBE_K + self._streak), START_K, cap)
         loss = seconds[k] / seconds[0] - tokens[k]
         every = int(np.clip(round(loss / PROBE_OVERHEAD), PROBE_MIN, PROBE_MAX))
         self._probe_every = max(every >> self._streak, PROBE_MIN)
@@ -176,15 +177,20 @@ class KController:
         b = n_drafted + 1
         if np.isfinite(t_verify) and t_verify > 0:
             # Costs drift as the context grows; a size measured long ago (t_verify(1) while
-            # speculating) has drifted more, so its new timing gets more weight.
+            # speculating) has drifted more, so its new timing gets more weight. The first
+            # timing of a size is often cold (seen: +10..40%), so a faster second replaces it.
             stale = self._steps - self._verified_at.get(b, self._steps) >= COST_STALE
-            weight = 0.5 if stale else COST_WEIGHT
-            self._verify[b] = _ewma(self._verify.get(b), t_verify, weight)
-            self._verified_at[b] = self._steps
+            n = self._verify_n.get(b, 0)
+            if n == 1 and t_verify < self._verify[b]:
+                self._verify[b] = t_verify
+            else:
+                self._verify[b] = _ewma(self._verify.get(b), t_verify, 0.5 if stale else COST_WEIGHT)
+            self._verified_at[b], self._verify_n[b] = self._steps, n + 1
             self._curve = None
         self._since_plain = 0 if b == 1 else self._since_plain + 1
         if n_drafted == 0:
             return  # a plain step (or a drafter with nothing to offer) says nothing about alpha
+        self._draft_steps += 1
         if np.isfinite(t_draft) and t_draft >= 0:
             self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
         # Trials: positions 1..n_accepted accepted, then one rejection unless all were accepted;

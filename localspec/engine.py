@@ -172,7 +172,9 @@ class Model:
         if not self._ctx:
             C.llama_model_free(self._model)
             raise EngineError(f"could not create a context of {cfg.n_ctx} tokens for {self.path}")
+        # llama.cpp rounds n_ctx up (to 256) and caps n_batch at it; use what it actually made.
         self.n_ctx = C.llama_n_ctx(self._ctx)
+        self.n_batch = min(self.n_batch, C.llama_n_batch(self._ctx))
         self.n_threads = threads
         self._vocab = C.llama_model_get_vocab(self._model)
         self.n_vocab = C.llama_vocab_n_tokens(self._vocab)

@@ -172,7 +172,7 @@ def test_near_break_even_costs_little():
 
 
 def first_sustained(ks, k_min=2, run=5):
-    return next(i for i in range(len(ks) - run) if all(k >= k_min for k in ks[i:i + run]))
+    return next((i for i in range(len(ks) - run) if all(k >= k_min for k in ks[i:i + run])), len(ks))
 
 
 def test_comes_back_when_acceptance_rises():
@@ -234,7 +234,7 @@ def test_plain_step_tells_nothing_about_alpha():
     ctrl.observe(4, 0, 0, 1e-5, 0.021)      # asked 4, the lookup found nothing: still plain
     assert ctrl.alpha is None
     assert ctrl.acceptance_by_position() == [None] * 8
-    assert ctrl.verify_cost(1) == pytest.approx(0.02 * 0.75 + 0.021 * 0.25)
+    assert ctrl.verify_cost(1) == pytest.approx(0.02 * 0.75 + 0.021 * 0.25)   # EWMA
     assert ctrl.draft_cost is None
 
 
@@ -255,7 +255,10 @@ def test_start_up_explores_draft_and_plain():
     assert ctrl.alpha is None and ctrl.verify_cost(3) is None and ctrl.expected_speedup(2) is None
     k = ctrl.choose()
     assert 2 <= k <= 6
+    ctrl.observe(k, k, k, k * 0.002, 0.045)  # cold: the first decode of a batch size is slow
+    assert ctrl.choose() == k                # so the first size is timed twice
     ctrl.observe(k, k, k, k * 0.002, 0.030)
+    assert ctrl.verify_cost(k + 1) == pytest.approx(0.030)   # a faster second timing wins
     assert ctrl.choose() == 0                # the plain cost is measured before optimising
     ctrl.observe(0, 0, 0, 0.0, 0.016)
     assert ctrl.choose() > 0

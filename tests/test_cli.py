@@ -1,0 +1,103 @@
+"""`localspec generate` end to end, through the real entry point in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "localspec"]
+JSON_FIELDS = {
+    "text": str, "tokens": list, "n_tokens": int, "n_steps": int, "n_drafted": int, "n_accepted": int,
+    "alpha": (float, type(None)), "tokens_per_step": float, "tokens_per_second": float, "seconds": float,
+    "drafter": str, "k": (int, str), "temperature": float, "seed": int, "target": str,
+    "draft": (str, type(None)),
+}
+
+
+def localspec(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, input=stdin, timeout=300)
+
+
+def test_generate_json_on_the_default_pair():
+    r = localspec("generate", "Tell me about lighthouses.", "--max-tokens", "24", "--temperature", "1.0",
+                  "--seed", "7", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    for field, kind in JSON_FIELDS.items():
+        assert isinstance(data[field], kind), (field, data[field])
+    assert data["n_tokens"] == len(data["tokens"]) > 0
+    assert data["drafter"] == "model" and data["draft"].endswith(".gguf")
+    assert data["n_drafted"] > 0 and data["alpha"] == pytest.approx(data["n_accepted"] / data["n_drafted"])
+    assert data["tokens_per_step"] == pytest.approx(data["n_tokens"] / data["n_steps"])
+    assert data["text"].strip()
+
+
+def test_same_seed_same_output_with_fixed_k():
+    args = ("generate", "Write a haiku about rain.", "--max-tokens", "24", "--temperature", "1.0",
+            "--seed", "42", "-k", "3", "--json")
+    a, b = json.loads(localspec(*args).stdout), json.loads(localspec(*args).stdout)
+    assert a["tokens"] == b["tokens"]
+
+
+def test_prompt_from_stdin_streams_text_and_summary():
+    r = localspec("generate", "-", "--max-tokens", "12", "--temperature", "0", "--drafter", "lookup",
+                  stdin="Name three colours.")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    summary = r.stderr.strip().splitlines()[-1]
+    assert summary.startswith("α ") and "tokens/target pass" in summary and "tokens/s" in summary
+
+
+def test_raw_mode_and_no_drafter():
+    r = localspec("generate", "The capital of France is", "--raw", "--drafter", "none", "--max-tokens", "8",
+                  "--temperature", "0", "--json")
+    data = json.loads(r.stdout)
+    assert data["n_drafted"] == 0 and data["alpha"] is None and data["tokens_per_step"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, model_paths):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "notes.gguf").write_text("just some text\n")
+    data = model_paths[1].read_bytes()
+    (d / "cut.gguf").write_bytes(data[: len(data) // 3])
+    return d
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--target", "{d}/missing.gguf"], "not found"),
+        (["--target", "{d}/notes.gguf"], "not a GGUF"),
+        (["--target", "{d}/cut.gguf", "--drafter", "lookup"], "cut.gguf"),
+        (["--draft", "{d}/notes.gguf"], "not a GGUF"),
+        (["-k", "-3"], "-k"),
+        (["-k", "many"], "-k"),
+        (["--temperature", "-0.5"], "temperature"),
+        (["--top-p", "1.5"], "top-p"),
+        (["--max-tokens", "0"], "max-tokens"),
+        (["--drafter", "magic"], "drafter"),
+        (["--n-ctx", "4"], "n-ctx"),
+        (["--n-ctx", "256", "--raw", "--drafter", "lookup", "--prompt-file-long"], "too long"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(bad_files, args, needle):
+    prompt = "hello"
+    if "--prompt-file-long" in args:
+        args = [a for a in args if a != "--prompt-file-long"]
+        prompt = "word " * 400
+    extra = [] if "--max-tokens" in args else ["--max-tokens", "4"]
+    r = localspec("generate", prompt, *[a.format(d=bad_files) for a in args], *extra)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_empty_stdin_prompt_is_an_error():
+    r = localspec("generate", "-", stdin="")
+    assert r.returncode == 2 and r.stderr.startswith("error: ")
