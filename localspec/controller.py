@@ -1,8 +1,8 @@
 """Adaptive draft length: pick the k that maximises expected tokens per second.
 
 A step drafts k tokens (k * t_draft s) and verifies them in one target decode of b = k + 1 tokens
-(t_verify(b) s), yielding E(k) = 1 + sum_{i<=k} prod_{j<=i} a_i tokens for per-position acceptance
-rates a_i. k = 0 is plain decoding. Rates and costs are learned online from the decoder's reports:
+(t_verify(b) s), yielding E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j tokens for per-position acceptance
+rates a_j. k = 0 is plain decoding. Rates and costs are learned online from the decoder's reports:
 on a CPU t_verify grows with b, on a GPU it is nearly flat, and acceptance changes with the text.
 """
 
@@ -29,7 +29,6 @@ CHANGE_RISE = 5.0          # a false drop alarm stalls good speculation, a false
 FORGET = 0.15              # on an alarm old trials keep only this weight
 REFRESH_PLAIN = 64         # re-measure t_verify(1) after this many steps without a plain step
 EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbours' costs fresh
-
 
 _FULL_POSITION = 1 / (1 - POSITION_DECAY) + POSITION_SHRINK   # weights of a saturated EWMA
 _FULL_ALPHA = 1 / (1 - ALPHA_DECAY)
@@ -63,29 +62,25 @@ class KController:
                  draft_cost_free: bool = False) -> None:
         if k_max < 0 or (fixed_k is not None and fixed_k < 0):
             raise ValueError("k_max and fixed_k must be >= 0")
-        # A fixed k above k_max still needs per-position slots for its statistics.
-        self.k_max = max(k_max, fixed_k or 0)
+        self.k_max = max(k_max, fixed_k or 0)   # a fixed k above k_max still gets statistics
         self.fixed_k = fixed_k
         self.draft_cost_free = draft_cost_free
-        # Acceptance as discounted Beta counts: s = weighted successes, w = weighted trials.
-        # Decaying both is an EWMA whose start-up bias is replaced by the prior.
+        # Acceptance as discounted Beta counts (s = weighted hits, w = weighted trials): an EWMA
+        # whose start-up bias is replaced by the prior. Per position likewise, from zero.
         self._acc_s, self._acc_w = ALPHA_PRIOR * ALPHA_PRIOR_WEIGHT, ALPHA_PRIOR_WEIGHT
+        self._pos_s, self._pos_w = np.zeros(self.k_max), np.zeros(self.k_max)
         self._trials = 0
-        self._pos_s = np.zeros(self.k_max)
-        self._pos_w = np.zeros(self.k_max)
         self._cusum_low = self._cusum_high = 0.0   # change detection, see _detect_change
         self._verify: dict[int, float] = {}        # batch size b -> EWMA seconds
-        self._verified_at: dict[int, int] = {}     # batch size b -> step of its last timing
-        self._verify_n: dict[int, int] = {}        # batch size b -> number of timings
+        self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # verify_cost(1..k_max+1), refitted lazily
         self._draft: float | None = None           # seconds per drafted token
-        self._steps = self._draft_steps = 0
+        self._steps = self._draft_steps = self._spec_steps = 0
         self._since_plain = 0      # steps since t_verify(1) was last measured
         self._since_probe = 0      # plain steps since the last probe
         self._probe_every = PROBE_MIN
         self._probing = False
-        self._streak = 0           # consecutive surprisingly good probes, see _maybe_probe
-        self._spec_steps = 0
+        self._streak = 0           # probes in a row fully accepted against the odds
         self.last_k: int | None = None
 
     # ---- choosing -------------------------------------------------------------------------
@@ -102,8 +97,7 @@ class KController:
         elif 1 not in self._verify or self._since_plain >= REFRESH_PLAIN:
             k = 0                       # plain cost unknown or stale (the context grows)
         else:
-            thr = self._throughput(cap)
-            k = int(np.argmax(thr))     # the first maximum: ties go to the cheaper k
+            k = int(np.argmax(self._throughput(cap)))   # ties go to the cheaper k
             if k == 0:
                 k = self._maybe_probe(cap)
             else:
@@ -140,7 +134,7 @@ class KController:
         return k
 
     def _rates(self, n: int, optimism: float = 0.0) -> np.ndarray:
-        """Acceptance at positions 1..n, each shrunk toward the overall rate where data are thin.
+        """Acceptance at positions 1..n, each shrunk toward the overall rate where data are thin;
         optimism adds that many standard errors beyond those of a full EWMA memory."""
         alpha = self._acc_s / self._acc_w
         weight = np.append(self._pos_w + POSITION_SHRINK, self._acc_w)
@@ -153,8 +147,7 @@ class KController:
 
     def _estimates(self, k_top: int, optimism: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """Expected tokens and seconds of one step for k = 0..k_top."""
-        survive = np.cumprod(self._rates(k_top, optimism))
-        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(survive)))
+        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(self._rates(k_top, optimism)))))
         if self._draft is not None:
             draft = self._draft
         else:  # no draft timed yet: lookup is ~free; a draft model is guessed at a plain step
@@ -176,16 +169,16 @@ class KController:
         self._steps += 1
         b = n_drafted + 1
         if np.isfinite(t_verify) and t_verify > 0:
-            # Costs drift as the context grows; a size measured long ago (t_verify(1) while
-            # speculating) has drifted more, so its new timing gets more weight. The first
-            # timing of a size is often cold (seen: +10..40%), so a faster second replaces it.
-            stale = self._steps - self._verified_at.get(b, self._steps) >= COST_STALE
-            n = self._verify_n.get(b, 0)
+            # The first timing of a size is often cold (seen: +10..40%): a faster second replaces
+            # it. Costs drift as the context grows, most for a size timed long ago (t_verify(1)
+            # while speculating), so a stale size's new timing counts half.
+            last, n = self._timed.get(b, (self._steps, 0))
             if n == 1 and t_verify < self._verify[b]:
                 self._verify[b] = t_verify
             else:
-                self._verify[b] = _ewma(self._verify.get(b), t_verify, 0.5 if stale else COST_WEIGHT)
-            self._verified_at[b], self._verify_n[b] = self._steps, n + 1
+                weight = 0.5 if self._steps - last >= COST_STALE else COST_WEIGHT
+                self._verify[b] = _ewma(self._verify.get(b), t_verify, weight)
+            self._timed[b] = (self._steps, n + 1)
             self._curve = None
         self._since_plain = 0 if b == 1 else self._since_plain + 1
         if n_drafted == 0:
@@ -193,12 +186,12 @@ class KController:
         self._draft_steps += 1
         if np.isfinite(t_draft) and t_draft >= 0:
             self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
+        if self._probing:
+            against_odds = np.prod(self._rates(n_drafted)) < 0.5 and n_accepted == n_drafted
+            self._streak = self._streak + 1 if against_odds else 0
         # Trials: positions 1..n_accepted accepted, then one rejection unless all were accepted;
         # later positions were never tested (acceptance there is conditional on reaching them).
         hits = np.arange(min(n_accepted + 1, n_drafted)) < n_accepted
-        if self._probing:  # a streak of probes that were fully accepted against the odds
-            unlikely = np.prod(self._rates(n_drafted)) < 0.5
-            self._streak = self._streak + 1 if unlikely and n_accepted == n_drafted else 0
         self._detect_change(hits)
         for i, hit in enumerate(hits.tolist()):
             self._acc_s = ALPHA_DECAY * self._acc_s + hit
@@ -258,8 +251,7 @@ class KController:
         # Never a negative slope beyond the data: more tokens never cost less.
         slope = max(float(np.polyfit(bs, ts, 1)[0]), 0.0)
         curve = np.where(b > bs[-1], ts[-1] + slope * (b - bs[-1]), np.interp(b, bs, ts))
-        below = np.maximum(ts[0] - slope * (bs[0] - b), 0.5 * ts[0])
-        return np.where(b < bs[0], below, curve)
+        return np.where(b < bs[0], np.maximum(ts[0] - slope * (bs[0] - b), 0.5 * ts[0]), curve)
 
     @property
     def draft_cost(self) -> float | None:

@@ -172,7 +172,9 @@ def test_near_break_even_costs_little():
 
 
 def first_sustained(ks, k_min=2, run=5):
-    return next((i for i in range(len(ks) - run) if all(k >= k_min for k in ks[i:i + run])), len(ks))
+    """First step of `run` steps in a row with k >= k_min (len(ks) if none)."""
+    starts = (i for i in range(len(ks) - run) if all(k >= k_min for k in ks[i:i + run]))
+    return next(starts, len(ks))
 
 
 def test_comes_back_when_acceptance_rises():
