@@ -59,7 +59,7 @@ def probabilities(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         rows, vocab = logits.shape
         if cfg.top_k and cfg.top_k < vocab and cfg.top_k <= 1024:
             # Work on the top-k columns only: everything else gets probability 0 anyway.
-            idx = np.argpartition(logits, vocab - cfg.top_k, axis=-1)[:, vocab - cfg.top_k:]
+            idx = np.stack([_top_k_ids(row, cfg.top_k) for row in logits])
             sub = np.take_along_axis(logits, idx, axis=-1)
             small = _processed(sub, SamplingConfig(cfg.temperature, 0, cfg.top_p, cfg.min_p))
             out = np.zeros((rows, vocab), dtype=np.float64)
@@ -67,6 +67,20 @@ def probabilities(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         else:
             out = _processed(logits, cfg)
     return out[0] if squeeze else out
+
+
+# Real logit rows have their top 40 within a few units of the maximum; looking there first turns a
+# full-vocabulary partition (~0.4 ms at 49k) into a compare and a partition of a few hundred.
+_TOP_K_MARGIN = 8.0
+
+
+def _top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries (as argpartition would give), found among the entries near
+    the maximum whenever at least k of them are there — then the top k are certainly among them."""
+    near = np.flatnonzero(row >= row.max() - _TOP_K_MARGIN)
+    if len(near) < k:
+        return np.argpartition(row, len(row) - k)[len(row) - k :]
+    return near[np.argpartition(row[near], len(near) - k)[len(near) - k :]]
 
 
 def _processed(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
@@ -80,6 +94,7 @@ def _processed(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from a probability vector (need not be exactly normalised)."""
-    cdf = np.cumsum(probs)
+    support = np.flatnonzero(probs)  # usually a few dozen of ~50k entries
+    cdf = np.cumsum(probs[support])
     u = rng.random() * cdf[-1]
-    return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
+    return int(support[min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1)])

@@ -326,3 +326,14 @@ def test_config_error_is_a_value_error():
 def test_sampling_config_accepts(kwargs):
     c = SamplingConfig(**kwargs)
     assert c.greedy == (c.temperature == 0)
+
+
+@pytest.mark.parametrize("spread", [0.5, 3.0, 30.0])  # all near the max / some / fewer than k: fallback
+def test_top_k_ids_equal_a_full_partition(spread):
+    from localspec.sampling import _top_k_ids
+
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        row = (rng.standard_normal(5000) * spread).astype(np.float32)
+        want = set(np.argsort(-row)[:40].tolist())
+        assert set(_top_k_ids(row, 40).tolist()) == want
