@@ -194,7 +194,7 @@ def format_report(report: dict) -> str:
             rows.append(row)
         lines += _table(rows)
     lines += ["", "t/s = generated tokens / decode seconds (prefill excluded); speedup = spec t/s ÷ plain t/s in "
-                  "this run (median: of the per-prompt ratios); bound = E(α,k)·t_plain / (k·t_draft + t_verify(k+1)) from the measured α and costs."]
+                  "this run (median: of the per-prompt ratios); bound = E(k)·t_plain / (k·t_draft + t_verify(k+1)) from the measured acceptance and costs."]
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from localspec import bench
 from localspec.cli import app
 from localspec.cli_bench import format_report
 from localspec.config import ConfigError
+from localspec.decoder import Step
 
 SCHEMA_DOC = Path(__file__).resolve().parent.parent / "docs" / "bench-schema.md"
 TWO_PROMPTS = (
@@ -244,3 +245,35 @@ def test_builtin_suite_has_four_categories_of_several_prompts():
     assert list(by) == ["code-edit", "grounded", "chat", "creative"]
     assert all(len(v) >= 3 for v in by.values())
     assert bench.select_categories(prompts, ["chat"]) == by["chat"]
+
+
+def _step(k: int, n_acc: int, t_draft: float, t_verify: float) -> Step:
+    return Step(tokens=tuple(range(n_acc + 1)), from_draft=(True,) * n_acc + (False,), k=k, n_drafted=k,
+                      n_accepted=n_acc, t_draft=t_draft, t_verify=t_verify, t_python=0.0)
+
+
+def _run(kind: str, steps, decode: float, prompt: int = 0) -> bench.Run:
+    v = bench.Variant(kind, "plain" if kind == "plain" else "2", None if kind == "plain" else 2)
+    return bench.Run(v, prompt, 0, 10, [t for s in steps for t in s.tokens], steps, 0.0, decode, "length")
+
+
+def test_bound_uses_measured_costs_and_acceptance_by_position():
+    plain = [_run("plain", [_step(0, 0, 0.0, 0.010)] * 4, 0.04)]
+    # Bursty acceptance: half the steps accept both drafts, half reject the first (α = 0.5).
+    spec = [_run("spec", [_step(2, 2, 0.002, 0.012), _step(2, 0, 0.002, 0.012)] * 2, 0.056)]
+    b = bench._bound(spec, plain, 2, 12)
+    cost = (2 * 0.001 + 0.012) / 0.010
+    assert b["k"] == 2 and b["alpha"] == pytest.approx(0.5)
+    assert b["expected_tokens"] == pytest.approx(1 + 0.5 + 0.5)  # survival 0.5 at positions 1 and 2
+    assert b["speedup"] == pytest.approx(2.0 / cost)
+    assert b["speedup_iid"] == pytest.approx(1.75 / cost)  # (1 - 0.5^3) / (1 - 0.5)
+    assert b["t_verify_ms"] == pytest.approx(12.0) and b["t_draft_ms"] == pytest.approx(1.0)
+    assert bench._bound(spec, [], 2, 12) is None
+    # Adaptive: only batch sizes that were measured count (here b = 3, so k <= 2).
+    assert bench._bound(spec, plain, None, 12)["k"] in (1, 2)
+
+
+def test_median_speedup_ignores_one_disturbed_run():
+    plain = [_run("plain", [_step(0, 0, 0, 0.01)] * 10, d, prompt=i) for i, d in enumerate((0.1, 0.1, 1.0))]
+    spec = [_run("spec", [_step(0, 0, 0, 0.01)] * 10, 0.05, prompt=i) for i in range(3)]
+    assert bench._median_speedup(spec, plain) == pytest.approx(2.0)
