@@ -149,13 +149,19 @@ class PromptLookup:
                 self._index[tuple(context[e - n + 1 : e + 1])] = e
 
     def limit(self, context: Sequence[int], k_max: int) -> int:
+        """Find the match and return how many tokens it offers: no more than the match is long,
+        since a long identical run (the model copying its input) predicts a long continuation
+        while a two-token coincidence predicts little. Each rejected token costs a verify row."""
         self._update(context)
         self._candidate = []
         size = len(context)
         for n in range(min(self.ngram_max, size), self.ngram_min - 1, -1):
             end = self._index.get(tuple(context[size - n :]))
             if end is not None:
-                self._candidate = list(context[end + 1 : end + 1 + k_max])
+                length = n
+                while length < k_max and end - length >= 0 and context[end - length] == context[size - 1 - length]:
+                    length += 1
+                self._candidate = list(context[end + 1 : end + 1 + min(k_max, length)])
                 break
         return len(self._candidate)
 
