@@ -23,12 +23,17 @@ START_K = 4                # the first two steps draft a moderate k to measure t
 PROBE_K = 2                # while plain, probe with at least this many drafts...
 PROBE_OVERHEAD = 0.005     # ...as often as keeps the expected loss to ~0.5% of plain throughput,
 PROBE_OPTIMISM = 2.0       # (judged optimistically while estimates rest on few trials)
-PROBE_MIN, PROBE_MAX = 4, 48   # but every 4 to 48 plain steps
+PROBE_MIN, PROBE_MAX = 4, 48   # but every 4 to 48 plain steps,
+RESUME_OVERHEAD = 0.02     # plus as many as keep a costly resume (draft catch-up) to ~2%;
+HOPELESS = 0.9             # when even full acceptance would reach < 90% of plain speed,
+HOPELESS_EVERY = 1024      # no text can make drafting pay: probe only to notice a cost change
 CHANGE_DROP = 7.0          # CUSUM thresholds (log-likelihood ratios) for "the text changed":
 CHANGE_RISE = 5.0          # a false drop alarm stalls good speculation, a false rise costs a probe
 FORGET = 0.15              # on an alarm old trials keep only this weight
 REFRESH_PLAIN = 64         # re-measure t_verify(1) after this many steps without a plain step
 EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbours' costs fresh
+HOLD_PLAIN = 8             # once plain wins, skip re-deciding for this many steps (fast models:
+                           # deciding costs ~0.1 ms, 1-2% of a plain step)
 
 _FULL_POSITION = 1 / (1 - POSITION_DECAY) + POSITION_SHRINK   # weights of a saturated EWMA
 _FULL_ALPHA = 1 / (1 - ALPHA_DECAY)
@@ -75,12 +80,14 @@ class KController:
         self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # verify_cost(1..k_max+1), refitted lazily
         self._draft: float | None = None           # seconds per drafted token
+        self._resume: float | None = None          # seconds a drafter paid to catch up after plain steps
         self._steps = self._draft_steps = self._spec_steps = 0
         self._since_plain = 0      # steps since t_verify(1) was last measured
         self._since_probe = 0      # plain steps since the last probe
         self._probe_every = PROBE_MIN
         self._probing = False
         self._streak = 0           # probes in a row fully accepted against the odds
+        self._hold = 0             # plain steps left before plain-vs-speculation is re-decided
         self.last_k: int | None = None
 
     # ---- choosing -------------------------------------------------------------------------
@@ -96,10 +103,16 @@ class KController:
             k = min(START_K, cap)       # twice, as a first timing is often cold
         elif 1 not in self._verify or self._since_plain >= REFRESH_PLAIN:
             k = 0                       # plain cost unknown or stale (the context grows)
+        elif self._hold > 0:
+            self._hold -= 1
+            self._since_probe += 1
+            k = 0
         else:
             k = int(np.argmax(self._throughput(cap)))   # ties go to the cheaper k
             if k == 0:
                 k = self._maybe_probe(cap)
+                if k == 0:  # never hold past the step where the next probe is due
+                    self._hold = max(0, min(HOLD_PLAIN, self._probe_every - self._since_probe - 1))
             else:
                 self._since_probe = self._streak = 0
                 self._spec_steps += 1
@@ -120,12 +133,24 @@ class KController:
         break-even, where the decision is least sure, rare in a hopeless stretch. The estimate
         is optimistic while it rests on few trials (start, after an alarm). Each probe in a row
         fully accepted against the estimate's odds halves the interval and makes the next probe
-        one longer: the estimate lags a change, the streak does not."""
+        one longer: the estimate lags a change, the streak does not. When drafting costs so much
+        that even full acceptance would lose, no change of text can help: probes become very rare."""
         tokens, seconds = self._estimates(cap, optimism=PROBE_OPTIMISM)
+        full = np.arange(1, cap + 2)   # tokens per step if every draft were accepted
+        if np.max(full[1:] / seconds[1:]) < HOPELESS * full[0] / seconds[0]:
+            self._probe_every = HOPELESS_EVERY
+            self._since_probe += 1
+            if self._since_probe < HOPELESS_EVERY:
+                return 0
+            self._since_probe, self._probing = 0, True
+            return min(PROBE_K, cap)
         best = 1 + int(np.argmax(tokens[1:] / seconds[1:]))
         k = min(max(best, PROBE_K + self._streak), START_K, cap)
         loss = seconds[k] / seconds[0] - tokens[k]
         every = int(np.clip(round(loss / PROBE_OVERHEAD), PROBE_MIN, PROBE_MAX))
+        # A draft model that sat out plain steps must first re-read what it missed; that price
+        # does not shrink with rarer probes, so it alone sets a floor on their spacing.
+        every += round((self._resume or 0.0) / seconds[0] / RESUME_OVERHEAD)
         self._probe_every = max(every >> self._streak, PROBE_MIN)
         self._since_probe += 1
         if self._since_probe < self._probe_every:
@@ -161,8 +186,9 @@ class KController:
 
     # ---- learning -------------------------------------------------------------------------
     def observe(self, k: int, n_drafted: int, n_accepted: int, t_draft: float,
-                t_verify: float) -> None:
-        """Record one step; the verify batch size was n_drafted + 1."""
+                t_verify: float, t_resume: float = 0.0) -> None:
+        """Record one step; the verify batch size was n_drafted + 1. t_resume: seconds the drafter
+        spent catching up on text it missed during plain steps (not part of t_draft)."""
         if not 0 <= n_accepted <= n_drafted <= max(k, 0):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted <= k, got "
                              f"k={k} n_drafted={n_drafted} n_accepted={n_accepted}")
@@ -184,6 +210,8 @@ class KController:
         if n_drafted == 0:
             return  # a plain step (or a drafter with nothing to offer) says nothing about alpha
         self._draft_steps += 1
+        if np.isfinite(t_resume) and t_resume > 0:
+            self._resume = _ewma(self._resume, t_resume, COST_WEIGHT)
         if np.isfinite(t_draft) and t_draft >= 0:
             self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
         if self._probing:
@@ -241,13 +269,28 @@ class KController:
         return self._curve
 
     def _fit_curve(self, top: int) -> np.ndarray:
-        """t_verify(1..top): exact at measured sizes, linear between, a linear fit beyond."""
+        """t_verify(1..top): a fitted line for batches once three sizes are timed; before that
+        exact at measured sizes, linear between, a linear fit beyond."""
         bs = np.array(sorted(self._verify), dtype=float)
         ts = np.array([self._verify[int(x)] for x in bs])
         b = np.arange(1, top + 1)
         if len(bs) == 1:  # the prior shape 1 + 0.1 (b - 1), through the one measured point
             slope = VERIFY_PRIOR_SLOPE
             return ts[0] * (1 + slope * (b - 1)) / (1 + slope * (bs[0] - 1))
+        batched = bs >= 2
+        if batched.sum() >= 3:
+            # Per-size averages are noisy (one busy moment skews a size for many steps) and a
+            # noisy curve makes the argmax over k jump. A batch of b > 1 tokens costs about
+            # a + c·b on CPUs and GPUs alike (c ≈ 0 on a GPU), so fit that line, weighting sizes
+            # by how often they were timed; a single token runs other kernels and keeps its own.
+            weights = np.sqrt([min(self._timed.get(int(x), (0, 1))[1], 16) for x in bs[batched]])
+            slope, base = np.polyfit(bs[batched], ts[batched], 1, w=weights)
+            slope = max(float(slope), 0.0)
+            if slope == 0.0:
+                base = float(np.average(ts[batched], weights=weights))
+            line = base + slope * b
+            first = ts[0] if bs[0] == 1 else min(line[0], line[1])
+            return np.where(b == 1, first, np.maximum(line, first))
         # Never a negative slope beyond the data: more tokens never cost less.
         slope = max(float(np.polyfit(bs, ts, 1)[0]), 0.0)
         curve = np.where(b > bs[-1], ts[-1] + slope * (b - bs[-1]), np.interp(b, bs, ts))
@@ -277,6 +320,7 @@ class KController:
             "alpha": self.alpha,
             "acceptance_by_position": self.acceptance_by_position(),
             "draft_cost": self._draft,
+            "resume_cost": self._resume,
             "verify_cost_measured": {str(b): t for b, t in sorted(self._verify.items())},
             "verify_cost_curve": self._fitted().tolist() if costs else None,
             "expected_speedup": (thr / thr[0]).tolist() if costs else None,

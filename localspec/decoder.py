@@ -111,7 +111,7 @@ def generate_steps(
             if drafter is not None and k > 0:
                 drafter.feedback(len(drafted), n_acc)
             catchup = draft.t_catchup if draft else 0.0
-            controller.observe(k, len(drafted), n_acc, t1 - t0 - catchup, t2 - t1)
+            controller.observe(k, len(drafted), n_acc, t1 - t0 - catchup, t2 - t1, catchup)
             t3 = time.perf_counter()
             yield Step(
                 tokens=tuple(emitted),

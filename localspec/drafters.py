@@ -72,11 +72,21 @@ class ModelDrafter:
     name = "model"
     draft_cost_free = False
 
+    # Catching up on a long stretch of plain decoding costs the draft a prefill of every token it
+    # missed, so probing "is speculation paying again?" would cost a fixed share of all plain
+    # decoding however rarely it is done. Past MAX_CATCHUP missed tokens the draft restarts on the
+    # last WINDOW tokens of the text instead: a bounded price, and recent text is what predicts
+    # the next few tokens.
+    MAX_CATCHUP = 64
+    WINDOW = 48
+
     def __init__(self, model, target_vocab: int | None = None):
         self.model = model
         self.target_vocab = target_vocab or model.n_vocab
+        self.offset = 0  # the draft's cache holds context[offset:]
 
     def prepare(self, context: Sequence[int]) -> None:
+        self.offset = 0
         self.model.sync(context[:-1])
 
     def limit(self, context: Sequence[int], k_max: int) -> int | None:
@@ -84,13 +94,17 @@ class ModelDrafter:
 
     def propose(self, context, k, sampling, rng) -> Draft:
         m = self.model
-        keep = min(common_prefix(m.tokens, context), len(context) - 1)
+        view = context[self.offset :]
+        keep = min(common_prefix(m.tokens, view), len(view) - 1)
+        if len(view) - keep > self.MAX_CATCHUP:
+            self.offset = max(len(context) - self.WINDOW, 0)
+            view, keep = context[self.offset :], 0
         m.truncate(keep)
         start = time.perf_counter()
-        logits = m.eval(context[keep:], logits_from=-1)
+        logits = m.eval(view[keep:], logits_from=-1)
         # Usually 1-2 unseen tokens (the target's last token, maybe the last draft); more means it
         # sat out plain steps and had to catch up.
-        catchup = time.perf_counter() - start if len(context) - keep > 2 else 0.0
+        catchup = time.perf_counter() - start if len(view) - keep > 2 else 0.0
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):

@@ -431,16 +431,3 @@ class ReferenceModel:
             llm.close()
             self.llm = None
 
-
-def reference_generate(path: str | Path, prompt_tokens: Sequence[int], max_tokens: int, temperature: float,
-                       seed: int, lookup_tokens: int | None, n_ctx: int,
-                       threads: int | None) -> tuple[list[int], float]:
-    """One-shot llama-cpp-python generation: (tokens, decode seconds). The bench keeps a
-    `ReferenceModel` instead, so the model is loaded once per run."""
-    ref = ReferenceModel(path, n_ctx=n_ctx, threads=threads or default_threads(), lookup_tokens=lookup_tokens)
-    try:
-        tokens, _, seconds = ref.generate(prompt_tokens, max_tokens, temperature=temperature, top_k=40,
-                                          top_p=0.95, min_p=0.05, seed=seed)
-    finally:
-        ref.close()
-    return tokens, seconds

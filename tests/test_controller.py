@@ -305,3 +305,38 @@ def test_snapshot_is_json():
     assert snap["last_k"] == ctrl.last_k
     assert snap["expected_speedup"][0] == pytest.approx(1.0)
     assert snap["expected_speedup"][3] == pytest.approx(ctrl.expected_speedup(3))
+
+
+def test_costly_resume_spaces_probes_out():
+    """A draft model that must re-read what it missed pays that on every probe: the controller
+    counts it and probes rarely, so plain decoding keeps ≥ 97% of its speed."""
+    def probes(resume: float) -> int:
+        c = KController(8)
+        rng = np.random.default_rng(0)
+        n = 0
+        for step in range(3000):
+            k = c.choose()
+            n += k > 0
+            drafted = k
+            accepted = int(np.sum(np.cumprod(rng.random(k) < 0.3)))
+            # Cheap drafts but rare acceptance: speculation loses now, would win on easier text.
+            c.observe(k, drafted, accepted, 0.002 * k, 0.009 + 0.004 * k, resume if k else 0.0)
+        return n
+
+    cheap, costly = probes(0.0), probes(0.1)
+    assert costly * 5 < cheap
+    start = 2  # the two measuring steps at start-up resume nothing
+    assert (costly - start) * (0.1 + 0.02) < 0.03 * 3000 * 0.009  # probes + resumes: < 3% of the time
+
+
+def test_hopeless_costs_stop_probing_almost_entirely():
+    """Drafting a token costs as much as a plain step (F16 target + Q4_1 draft on a CPU): even with
+    every draft accepted speculation would lose, so the controller hardly ever probes."""
+    c = KController(8)
+    n = 0
+    for _ in range(3000):
+        k = c.choose()
+        n += k > 0
+        c.observe(k, k, k, 0.009 * k, 0.009 + 0.003 * k)  # all accepted, and still no gain
+    assert n <= 2 + 3  # the two measuring steps, then a probe per ~1000 steps
+    assert c.choose() == 0

@@ -210,3 +210,27 @@ def test_bad_decode_options_are_config_errors():
         DecodeConfig(k=-1)
     with pytest.raises(ConfigError):
         SamplingConfig(temperature=-0.5)
+
+
+class _Bursts:
+    """A stand-in controller: long plain stretches, then one speculative step."""
+
+    def __init__(self):
+        self.n = 0
+
+    def choose(self, limit=None):
+        self.n += 1
+        return 4 if self.n % 12 == 0 else 0
+
+    def observe(self, *args):
+        pass
+
+
+def test_draft_restarts_on_a_window_after_long_plain_stretches(target, draft, plain_f32):
+    text = PROMPTS[0]
+    drafter = ModelDrafter(draft)
+    drafter.MAX_CATCHUP, drafter.WINDOW = 6, 8  # tiny, so the 64-token run restarts it often
+    steps = list(generate_steps(target, drafter, chat(target, text), GREEDY, DecodeConfig(max_tokens=N_GREEDY),
+                                controller=_Bursts()))
+    assert [t for s in steps for t in s.tokens] == plain_f32[text]
+    assert drafter.offset > 0 and sum(s.n_drafted for s in steps) > 0
