@@ -11,6 +11,7 @@ from typing import List, NoReturn, Optional
 
 import typer
 
+from . import cli_options as o
 from .config import ConfigError, DecodeConfig, SamplingConfig
 
 app = typer.Typer(
@@ -119,26 +120,24 @@ def read_prompt(prompt: str) -> str:
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="The prompt; '-' reads it from stdin."),
-    target: Optional[str] = typer.Option(None, "--target", help="Target GGUF (default: embedded SmolLM2-135M F32)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF sharing the target's tokenizer."),
-    drafter: Optional[str] = typer.Option(
-        None, "--drafter", help="model | lookup | none (default: model when a draft is available, else lookup)."
-    ),
+    target: o.Target = None,
+    draft: o.Draft = None,
+    drafter: o.Drafter = None,
     k: Optional[str] = typer.Option(None, "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy (default 0.8)."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k truncation, 0 = off (default 40)."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus truncation, 1 = off (default 0.95)."),
-    min_p: Optional[float] = typer.Option(None, "--min-p", help="Min-p truncation, 0 = off (default 0.05)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default: random, reported in --json)."),
+    temperature: o.Temperature = None,
+    top_k: o.TopK = None,
+    top_p: o.TopP = None,
+    min_p: o.MinP = None,
+    seed: o.Seed = None,
     max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many tokens."),
-    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="Context length (default 4096)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: this machine's cores)."),
-    target_gpu_layers: Optional[int] = typer.Option(None, "--target-gpu-layers", help="Target layers on the GPU (-1 = all)."),
-    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all)."),
+    n_ctx: o.NCtx = None,
+    threads: o.Threads = None,
+    target_gpu_layers: o.TargetGpuLayers = None,
+    draft_gpu_layers: o.DraftGpuLayers = None,
     chat: bool = typer.Option(True, "--chat/--raw", help="Apply the GGUF's chat template (default) or send raw text."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat mode)."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Model preset from `localspec models`; flags override it."),
+    preset: o.Preset = None,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ) -> None:
     """Generate text with speculative decoding; the output is distributed exactly as the target's."""

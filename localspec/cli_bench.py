@@ -7,33 +7,33 @@ from typing import List, Optional
 
 import typer
 
+from localspec import cli_options as o
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``bench`` command to ``app``."""
 
     @app.command("bench")
     def bench_command(
-        target: Optional[str] = typer.Option(None, "--target", help="Target GGUF (default: embedded SmolLM2-135M F32)."),
-        draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF sharing the target's tokenizer."),
-        drafter: Optional[str] = typer.Option(
-            None, "--drafter", help="model | lookup (default: model when a draft is available, else lookup)."
-        ),
+        target: o.Target = None,
+        draft: o.Draft = None,
+        drafter: o.Drafter = None,
         k: Optional[str] = typer.Option(
             None, "-k", "--draft-tokens",
             help="Draft tokens per step: N, 'auto' (default), or a sweep like 1,2,4,8 (one variant each).",
         ),
-        temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy (default 0.8)."),
-        top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k truncation, 0 = off (default 40)."),
-        top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus truncation, 1 = off (default 0.95)."),
-        min_p: Optional[float] = typer.Option(None, "--min-p", help="Min-p truncation, 0 = off (default 0.05)."),
-        seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default: random, reported in --json)."),
+        temperature: o.Temperature = None,
+        top_k: o.TopK = None,
+        top_p: o.TopP = None,
+        min_p: o.MinP = None,
+        seed: o.Seed = None,
         max_tokens: int = typer.Option(128, "--max-tokens", help="Tokens per prompt (a prompt's own max_tokens wins)."),
-        n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="Context length (default 4096)."),
-        threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: this machine's cores)."),
-        target_gpu_layers: Optional[int] = typer.Option(None, "--target-gpu-layers", help="Target layers on the GPU (-1 = all)."),
-        draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all)."),
+        n_ctx: o.NCtx = None,
+        threads: o.Threads = None,
+        target_gpu_layers: o.TargetGpuLayers = None,
+        draft_gpu_layers: o.DraftGpuLayers = None,
         chat: bool = typer.Option(True, "--chat/--raw", help="Apply the GGUF's chat template (default) or send raw text."),
-        preset: Optional[str] = typer.Option(None, "--preset", help="Model preset from `localspec models`; flags override it."),
+        preset: o.Preset = None,
         prompts: Optional[str] = typer.Option(
             None, "--prompts", metavar="FILE.jsonl",
             help='Your own suite: one {"category": ..., "prompt": ..., "max_tokens": N} per line.',

@@ -6,30 +6,30 @@ from typing import Optional
 
 import typer
 
+from localspec import cli_options as o
+
 
 def register(app: typer.Typer) -> None:
     app.command("chat")(chat)
 
 
 def chat(
-    target: Optional[str] = typer.Option(None, "--target", help="Target GGUF (default: embedded SmolLM2-135M F32)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF sharing the target's tokenizer."),
-    drafter: Optional[str] = typer.Option(
-        None, "--drafter", help="model | lookup | none (default: model when a draft is available, else lookup)."
-    ),
+    target: o.Target = None,
+    draft: o.Draft = None,
+    drafter: o.Drafter = None,
     k: Optional[str] = typer.Option(None, "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy (default 0.8); F4 changes it."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k truncation, 0 = off (default 40)."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus truncation, 1 = off (default 0.95)."),
-    min_p: Optional[float] = typer.Option(None, "--min-p", help="Min-p truncation, 0 = off (default 0.05)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default: random)."),
+    top_k: o.TopK = None,
+    top_p: o.TopP = None,
+    min_p: o.MinP = None,
+    seed: o.Seed = None,
     max_tokens: int = typer.Option(256, "--max-tokens", help="Longest reply, in tokens."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="Context length (default 4096); older turns are dropped beyond it."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: this machine's cores)."),
-    target_gpu_layers: Optional[int] = typer.Option(None, "--target-gpu-layers", help="Target layers on the GPU (-1 = all)."),
-    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all)."),
+    threads: o.Threads = None,
+    target_gpu_layers: o.TargetGpuLayers = None,
+    draft_gpu_layers: o.DraftGpuLayers = None,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Model preset from `localspec models`; flags override it."),
+    preset: o.Preset = None,
 ) -> None:
     """Chat in the terminal, watching speculation work: α, k, tokens/s and which words the draft wrote."""
     from localspec.cli import fail, resolve_options
