@@ -278,9 +278,14 @@ def _recommend(calibration: dict, vocab: dict | None) -> dict:
         name, best = max(measured.items(), key=lambda kv: kv[1]["predicted_speedup"])
         rec["best_speculative"] = {"drafter": name, "k": max(best["best_k"], 1),
                                    "predicted_speedup": best["predicted_speedup_by_k"][max(best["best_k"], 1)]}
-        rec["reason"] = (f"speculation will not pay on this machine: the best option ({name}, "
-                         f"k={rec['best_speculative']['k']}) is predicted at "
-                         f"{rec['best_speculative']['predicted_speedup']:.2f}× plain decoding")
+        if editing and "model" in measured:
+            rec["reason"] = (f"the draft model will not pay on this machine (predicted "
+                             f"{measured['model']['predicted_speedup']:.2f}× at best); prompt lookup pays "
+                             "only when the output repeats the prompt, see below")
+        else:
+            rec["reason"] = (f"speculation will not pay on this machine: the best option ({name}, "
+                             f"k={rec['best_speculative']['k']}) is predicted at "
+                             f"{rec['best_speculative']['predicted_speedup']:.2f}× plain decoding")
     if editing:
         rec["for_editing"] = editing
     return rec
