@@ -89,6 +89,13 @@ class Session:
             if path is not None:
                 check_gguf(path)  # both files, before spending time loading either
         target = Model(ModelConfig(target_path, cfg.n_ctx, cfg.threads, cfg.target_gpu_layers))
+        if target.recurrent and drafter != "none":
+            target.close()
+            # Rejected drafts must be removed from the cache; a recurrent state cannot be rewound.
+            raise ConfigError(
+                f"{target_path} is a recurrent/hybrid model whose memory cannot be rolled back, which "
+                "speculative decoding needs; use --drafter none"
+            )
         draft = None
         if draft_path is not None:
             draft = Model(ModelConfig(draft_path, cfg.n_ctx, cfg.threads, cfg.draft_gpu_layers))

@@ -110,3 +110,17 @@ def test_bad_model_file(ggufs, bad, role):
     pair = (ggufs[bad], ggufs["A"]) if role == "target" else (ggufs["A"], ggufs[bad])
     line = one_error_line(run_generate(*pair, "--max-tokens", "2"))
     assert str(ggufs[bad]) in line
+
+
+def test_recurrent_target_is_refused_before_generating(ggufs, monkeypatch):
+    """A recurrent/hybrid model's state cannot be rewound to drop rejected drafts: say so up front."""
+    import localspec.engine as engine
+    from localspec.config import ConfigError
+    from localspec.session import LoadConfig, Session
+
+    monkeypatch.setattr(engine.C, "llama_model_is_recurrent", lambda model: True)
+    with pytest.raises(ConfigError, match="recurrent/hybrid.*--drafter none") as err:
+        Session.load(LoadConfig(target=str(ggufs["A"]), drafter="lookup", n_ctx=64, threads=1))
+    assert str(ggufs["A"]) in str(err.value)
+    plain = Session.load(LoadConfig(target=str(ggufs["A"]), drafter="none", n_ctx=64, threads=1))
+    plain.close()
