@@ -15,6 +15,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .config import SamplingConfig
+from .prefix import common_prefix
 from .sampling import probabilities, sample
 
 
@@ -45,21 +46,6 @@ class Drafter(Protocol):
     ) -> Draft: ...
 
     def feedback(self, n_drafted: int, n_accepted: int) -> None: ...
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix, by slice comparisons (C speed) and bisection."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class ModelDrafter:

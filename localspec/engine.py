@@ -19,6 +19,7 @@ import numpy as np
 import llama_cpp as C
 
 from .config import ModelConfig
+from .prefix import common_prefix
 
 
 class EngineError(RuntimeError):
@@ -232,7 +233,7 @@ class Model:
             if rc != 0:
                 self.truncate(base + lo)  # drop whatever part of the block may have landed
                 raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
-            self.tokens.extend(int(t) for t in arr[lo:hi])
+            self.tokens.extend(arr[lo:hi].tolist())
         if rows == 0:
             return None
         ptr = C.llama_get_logits(self._ctx)
@@ -250,11 +251,8 @@ class Model:
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix already there."""
-        common = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            common += 1
+        tokens = list(tokens)  # a tuple never compares equal to a list slice
+        common = common_prefix(self.tokens, tokens)
         if common < len(self.tokens):
             self.truncate(common)
         self.eval(tokens[common:])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from localspec.config import SamplingConfig
-from localspec.drafters import PromptLookup, common_prefix
+from localspec.drafters import PromptLookup
+from localspec.prefix import common_prefix
 
 CFG = SamplingConfig(temperature=0.0)
 RNG = np.random.default_rng(0)

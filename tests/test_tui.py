@@ -19,7 +19,7 @@ pytest.importorskip("textual")
 from rich.console import Console  # noqa: E402
 
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig  # noqa: E402
-from localspec.drafters import common_prefix  # noqa: E402
+from localspec.prefix import common_prefix  # noqa: E402
 from localspec.session import LoadConfig, Session  # noqa: E402
 from localspec.stream import stream_text  # noqa: E402
 from tui.app import ChatApp  # noqa: E402

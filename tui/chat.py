@@ -18,7 +18,7 @@ import numpy as np
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig
 from localspec.controller import KController
 from localspec.decoder import Step
-from localspec.drafters import common_prefix
+from localspec.prefix import common_prefix
 from localspec.stats import RunStats
 from localspec.stream import Chunk, stream_text
 
