@@ -17,7 +17,6 @@ prompt, and its final state is reported. Plain and speculative runs of a prompt 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, replace
 from importlib import metadata, resources
@@ -29,12 +28,13 @@ import numpy as np
 from .config import ConfigError, DecodeConfig, SamplingConfig
 from .controller import KController, expected_tokens
 from .decoder import Step, generate_steps
+from .machine import load_1min, usable_cpus
 from .stats import RunStats
 
 SCHEMA = "localspec.bench/1"
 KEYS = {"category": str, "prompt": str, "max_tokens": int, "system": str}
 COMPARE = ("llama-cpp-python",)
-K_MAX = 12                  # adaptive variants choose k in 1..K_MAX (DecodeConfig's default)
+K_MAX = DecodeConfig.k_max  # adaptive variants choose k in 1..K_MAX, as generate does
 WARMUP_TOKENS = 16
 REFERENCE_LOOKUP = 10       # LlamaPromptLookupDecoding's own default num_pred_tokens
 
@@ -208,22 +208,17 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
     if opts.compare is not None and opts.compare not in COMPARE:
         raise ConfigError(f"--compare must be one of: {', '.join(COMPARE)}; got {opts.compare!r}")
     notice = notice or (lambda m: None)
-    load_start = _load_average()
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    load_start = load_1min()
+    cpus = usable_cpus()
     if load_start is not None and load_start >= cpus:
         notice(f"localspec: load average {load_start:.1f} on {cpus} CPUs: other work is running, so timings "
                "will be noisy (and llama.cpp threads slow down badly when they outnumber the free cores)")
     target = session.target
-    chat = opts.chat
-    if chat and target.chat_template is None:
-        notice(f"localspec: {target.name} has no chat template; sending the prompts as raw text")
-        chat = False
+    chat = session.chat_or_raw(opts.chat, notice)
     encoded = []
     for p in prompts:
         toks = session.prompt_tokens(p.prompt, chat, p.system)
-        if len(toks) >= target.n_ctx - 1:
-            raise ConfigError(f"prompt {p.source} is {len(toks)} tokens, too long for n_ctx {target.n_ctx} "
-                              "(raise --n-ctx)")
+        session.check_fits(toks, f"prompt {p.source}")
         encoded.append(toks)
     base_seed = opts.sampling.seed if opts.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
     cost_free = session.make_drafter().draft_cost_free
@@ -300,7 +295,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
             "warmup": opts.warmup,
             "order": "interleaved, alternating",
             "controller_scope": "suite",
-            "load_average": None if load_start is None else [load_start, _load_average()],
+            "load_average": None if load_start is None else [load_start, load_1min()],
             "localspec_version": _version("localspec"),
             "llama_cpp_python_version": _version("llama-cpp-python"),
         },
@@ -310,14 +305,6 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         "controllers": {key: c.snapshot() for key, c in controllers.items()},
         "runs": [_run_json(run, prompts) for run in runs],
     }
-
-
-def _load_average() -> float | None:
-    """1-minute load average: other work on the machine makes every number here noisier."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
 
 
 def _version(package: str) -> str | None:

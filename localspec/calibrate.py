@@ -4,7 +4,6 @@ speedup for every k — the numbers doctor's recommendation is made from."""
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import closing
 from typing import Callable, Sequence
@@ -15,9 +14,10 @@ from .config import DecodeConfig, SamplingConfig
 from .controller import ALPHA_PRIOR, ALPHA_PRIOR_WEIGHT, KController, expected_tokens
 from .decoder import generate_steps
 from .drafters import ModelDrafter, PromptLookup
+from .machine import load_1min, usable_cpus
 
 CAL_K = 4             # fixed draft length while measuring acceptance
-K_MAX = 12            # largest k considered for the recommendation
+K_MAX = DecodeConfig.k_max  # largest k considered for the recommendation, as generate's
 VERIFY_SIZES = (1, 2, 4, 8)
 
 CHAT_PROMPTS = (
@@ -253,8 +253,5 @@ def chat_tokens(target) -> Callable[[str], list[int]]:
 
 def load_average() -> dict | None:
     """The 1-minute load and usable CPUs, so the report can say when timings were taken on a busy machine."""
-    try:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return {"load_1min": os.getloadavg()[0], "cpus": cpus}
-    except OSError:
-        return None
+    load = load_1min()
+    return None if load is None else {"load_1min": load, "cpus": usable_cpus()}

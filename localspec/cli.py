@@ -165,12 +165,9 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
 
     session = Session.load(opts.load)
     target = session.target
-    if chat and target.chat_template is None:
-        typer.echo(f"localspec: {target.name} has no chat template; sending the prompt as raw text", err=True)
-        chat = False
+    chat = session.chat_or_raw(chat, lambda m: typer.echo(m, err=True))
     tokens = session.prompt_tokens(text, chat, system)
-    if len(tokens) >= target.n_ctx - 1:
-        fail(f"prompt is {len(tokens)} tokens, too long for n_ctx {target.n_ctx} (raise --n-ctx)")
+    session.check_fits(tokens)
     drafter = session.make_drafter()
     stats = RunStats()
     pieces: list[str] = []

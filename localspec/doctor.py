@@ -17,8 +17,6 @@ from typing import Sequence
 
 from . import engine
 from .calibrate import VERIFY_SIZES, calibrate, chat_tokens, load_average
-# tests reach these through doctor
-from .calibrate import K_MAX, _curve, predict, summarize_steps  # noqa: F401
 from .config import SamplingConfig
 
 MIN_SPEEDUP = 1.05    # below this, speculation is not worth it: recommend --drafter none

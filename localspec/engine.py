@@ -19,6 +19,7 @@ import numpy as np
 import llama_cpp as C
 
 from .config import ModelConfig
+from .machine import usable_cpus
 from .prefix import common_prefix
 
 
@@ -55,10 +56,7 @@ def _init_backend() -> None:
 def default_threads() -> int:
     """Threads for decoding: every core on small machines, half the logical CPUs (≈ physical cores
     on SMT machines) on bigger ones, since llama.cpp slows down when it oversubscribes."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        n = os.cpu_count() or 1
+    n = usable_cpus()
     return n if n <= 4 else n // 2
 
 

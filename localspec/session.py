@@ -117,6 +117,19 @@ class Session:
             return PromptLookup()
         return None
 
+    def chat_or_raw(self, chat: bool, notice: Callable[[str], None]) -> bool:
+        """Whether prompts can go through a chat template: a GGUF without one falls back to raw text."""
+        if chat and self.target.chat_template is None:
+            notice(f"localspec: {self.target.name} has no chat template; sending prompts as raw text")
+            return False
+        return chat
+
+    def check_fits(self, tokens: list[int], what: str = "prompt") -> None:
+        """A prompt must leave room in the context for at least one generated token."""
+        if len(tokens) >= self.target.n_ctx - 1:
+            raise ConfigError(f"{what} is {len(tokens)} tokens, too long for n_ctx {self.target.n_ctx} "
+                              "(raise --n-ctx)")
+
     def prompt_tokens(self, text: str, chat: bool, system: str | None = None) -> list[int]:
         """Tokens for a one-turn prompt: through the GGUF's chat template, or raw text."""
         if chat:

@@ -11,7 +11,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localspec import doctor
+from localspec import calibrate, doctor
 from localspec.cli import app
 
 runner = CliRunner()
@@ -67,8 +67,8 @@ def test_calibration_numbers_are_positive(report):
     model = cal["drafters"]["model"]
     assert 0 <= model["alpha"] <= 1 and model["draft_cost"] > 0 and model["n_drafted"] > 0
     for d in cal["drafters"].values():
-        assert len(d["predicted_speedup_by_k"]) == doctor.K_MAX + 1
-        assert 0 <= d["best_k"] <= doctor.K_MAX and d["predicted_speedup"] > 0
+        assert len(d["predicted_speedup_by_k"]) == calibrate.K_MAX + 1
+        assert 0 <= d["best_k"] <= calibrate.K_MAX and d["predicted_speedup"] > 0
 
 
 def test_recommendation_present(report):
@@ -244,17 +244,17 @@ def steep(b):  # slow CPU: each extra token costs most of a plain decode
 
 
 def test_prediction_follows_the_cost_curve():
-    gpu = doctor.predict(0.9, 1.0, 0.001, flat, (0.0, 0.0))
-    cpu = doctor.predict(0.9, 1.0, 0.001, steep, (0.0, 0.0))
+    gpu = calibrate.predict(0.9, 1.0, 0.001, flat, (0.0, 0.0))
+    cpu = calibrate.predict(0.9, 1.0, 0.001, steep, (0.0, 0.0))
     assert gpu[0] == cpu[0] == 1.0
     assert max(gpu) > 3 and int(max(range(len(gpu)), key=gpu.__getitem__)) >= 8
     assert max(cpu) < max(gpu)
-    useless = doctor.predict(0.05, 1.0, 0.005, steep, (0.0, 0.0))
+    useless = calibrate.predict(0.05, 1.0, 0.005, steep, (0.0, 0.0))
     assert max(useless[1:]) < 1
 
 
 def test_verify_curve_is_made_non_decreasing():
-    t = doctor._curve({1: 0.010, 2: 0.030, 4: 0.020, 8: 0.040})  # a noisy dip at b = 4
+    t = calibrate._curve({1: 0.010, 2: 0.030, 4: 0.020, 8: 0.040})  # a noisy dip at b = 4
     values = [t(b) for b in range(1, 14)]
     assert values == sorted(values) and t(1) == 0.010 and t(2) == t(4) == pytest.approx(0.025)
     assert t(12) == pytest.approx(0.040 + 4 * (0.040 - 0.025) / 4)  # last slope beyond b = 8
@@ -267,7 +267,7 @@ def test_alpha_is_per_token_and_shrunk_toward_the_prior():
         return Step(tokens=(1,) * (n_accepted + 1), from_draft=(), k=4, n_drafted=n_drafted,
                     n_accepted=n_accepted, t_draft=0.004 * n_drafted, t_verify=0.02, t_python=0.001)
 
-    stats = doctor.summarize_steps([step(4, 4), step(4, 1), step(0, 0)])
+    stats = calibrate.summarize_steps([step(4, 4), step(4, 1), step(0, 0)])
     # 4 of 4, then 1 hit and 1 miss; the 2 positions after the miss were never tested
     assert stats["alpha_observed"] == 5 / 6
     assert stats["alpha"] == pytest.approx((5 + 0.7 * 2) / (6 + 2))
