@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import warmstart
 from .config import ConfigError, DecodeConfig, SamplingConfig
 from .controller import KController, expected_tokens
 from .decoder import Step, generate_steps
@@ -170,6 +171,9 @@ class BenchOptions:
     chat: bool = True
     compare: str | None = None
     warmup: bool = True
+    warm_start: bool = True
+    """Adaptive variants start from what earlier runs on this pair and machine learned (and the
+    suite's result is saved for the next run), as `generate` does."""
 
 
 def _run_local(session, v: Variant, prompt: list[int], sampling: SamplingConfig, max_tokens: int,
@@ -223,8 +227,16 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
     base_seed = opts.sampling.seed if opts.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
     cost_free = session.make_drafter().draft_cost_free
     variants = [Variant("plain", "plain")] + [Variant("spec", "auto" if k is None else str(k), k) for k in opts.ks]
-    controllers = {v.key: KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=cost_free)
-                   for v in variants if v.kind == "spec"}
+    drafter_name = session.make_drafter().name
+
+    def controller(v: Variant) -> KController:
+        c = KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=cost_free)
+        if opts.warm_start:
+            warmstart.load_into(c, session, drafter_name, opts.sampling.temperature)
+        return c
+
+    controllers = {v.key: controller(v) for v in variants if v.kind == "spec"}
+    warmed = {key: bool(c.learned()["verify"]) for key, c in controllers.items()}
     refs: dict[str, object] = {}
     lookup_n = max((k for k in opts.ks if k is not None), default=REFERENCE_LOOKUP)
     try:
@@ -254,8 +266,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         if opts.warmup:  # not counted; throwaway controllers, so the suite's start from scratch
             warm = replace(opts.sampling, seed=base_seed)
             for v in variants:
-                one(v, -1, 0, warm, min(WARMUP_TOKENS, opts.max_tokens),
-                    KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=cost_free))
+                one(v, -1, 0, warm, min(WARMUP_TOKENS, opts.max_tokens), controller(v))
         runs: list[Run] = []
         for r in range(opts.repeat):
             sampling = replace(opts.sampling, seed=(base_seed + r) % 2**31)
@@ -265,6 +276,8 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
                     runs.append(one(v, i, r, sampling, p.max_tokens or opts.max_tokens, controllers.get(v.key)))
         if progress:
             progress(done, total, "done")
+        if opts.warm_start and "auto" in controllers:
+            warmstart.save(controllers["auto"], session, drafter_name, opts.sampling.temperature)
     finally:
         for ref in refs.values():
             ref.close()
@@ -295,6 +308,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
             "warmup": opts.warmup,
             "order": "interleaved, alternating",
             "controller_scope": "suite",
+            "warm_start": warmed,
             "load_average": None if load_start is None else [load_start, load_1min()],
             "localspec_version": _version("localspec"),
             "llama_cpp_python_version": _version("llama-cpp-python"),
@@ -340,6 +354,10 @@ def _local_summary(runs: list[Run]) -> dict:
         "latency_ms": {q: None if t is None else 1000 * t for q, t in lat.items()},
         "time_split": {"draft": st.t_draft, "verify": st.t_verify, "python": st.t_python,
                        "outside": max(decode - st.seconds, 0.0)},
+        "host": st.host(),
+        "verify_ms_per_step": _ratio(1000 * st.t_verify, st.n_steps),
+        "plain_step_ms": st.plain_step_ms,
+        "n_plain_steps": st.n_plain_steps,
         "_stats": st,
     }
 

@@ -138,6 +138,7 @@ def generate(
     system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat mode)."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     preset: o.Preset = None,
+    no_warm_start: o.NoWarmStart = False,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ) -> None:
     """Generate text with speculative decoding; the output is distributed exactly as the target's."""
@@ -151,14 +152,17 @@ def generate(
             target_gpu_layers=target_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         )
         decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop or ()))
-        _generate(text, opts, decode, chat, system, as_json)
+        _generate(text, opts, decode, chat, system, as_json, warm=not no_warm_start)
     except (ConfigError, EngineError) as e:
         fail(e)
 
 
-def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as_json: bool) -> None:
+def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as_json: bool,
+              warm: bool = True) -> None:
     import time
 
+    from . import warmstart
+    from .controller import KController
     from .session import Session
     from .stats import RunStats
     from .stream import stream_text
@@ -169,12 +173,15 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
     tokens = session.prompt_tokens(text, chat, system)
     session.check_fits(tokens)
     drafter = session.make_drafter()
+    controller = KController(decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
+    temperature = opts.sampling.temperature
+    warmed = warm and drafter is not None and warmstart.load_into(controller, session, drafter.name, temperature)
     stats = RunStats()
     pieces: list[str] = []
     out_tokens: list[int] = []
     start = time.perf_counter()
     first_step_at = None
-    for chunk in stream_text(target, drafter, tokens, opts.sampling, decode):
+    for chunk in stream_text(target, drafter, tokens, opts.sampling, decode, controller):
         if first_step_at is None:
             first_step_at = time.perf_counter() - start - chunk.step.t_draft - chunk.step.t_verify - chunk.step.t_python
         stats.add(chunk.step)
@@ -199,7 +206,10 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
         "seed": opts.sampling.seed,
         "target": str(target.path),
         "draft": str(session.draft.path) if session.draft else None,
+        "warm_start": bool(warmed),
     }
+    if warm and drafter is not None:
+        warmstart.save(controller, session, drafter.name, temperature)
     session.close()
     if as_json:
         typer.echo(json.dumps(result, ensure_ascii=False))

@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
             help="Also time llama-cpp-python's own Llama.generate, plain and with prompt lookup.",
         ),
         warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One uncounted warm-up run per variant."),
+        no_warm_start: o.NoWarmStart = False,
         as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON (schema: docs/bench-schema.md)."),
     ) -> None:
         """Benchmark plain vs speculative decoding on a prompt suite: α, tokens/s, speedup, bound."""
@@ -77,7 +78,7 @@ def register(app: typer.Typer) -> None:
             session = Session.load(opts.load)
             options = bench.BenchOptions(
                 sampling=opts.sampling, ks=tuple(ks), max_tokens=max_tokens, repeat=repeat, chat=chat,
-                compare=compare, warmup=warmup,
+                compare=compare, warmup=warmup, warm_start=not no_warm_start,
             )
             with _progress_bar() as progress:
                 report = bench.run_bench(session, suite, options, prompts_file=prompts, progress=progress,
@@ -150,7 +151,7 @@ def format_report(report: dict) -> str:
     for key in report["overall"]["spec"]:
         lines += ["", f"speculative k={key}" + (" (adaptive, one controller across the suite)" if key == "auto" else "")]
         rows = [["category", "n", "α", "acc len", "tok/pass", "plain t/s", "spec t/s", "speedup (median)", "bound (k)",
-                 "p50/p99 ms", "draft/verify/py %"]]
+                 "p50/p99 ms", "draft/verify/py %", "verify ms/step", "host ms/step (/row)", "draft host ms/tok"]]
         for group, g in _groups(report):
             s, p = g["spec"][key], g["plain"]
             b = s["bound"]
@@ -164,13 +165,19 @@ def format_report(report: dict) -> str:
                 _f(s["tokens_per_step"], ".2f"), _f(p["tokens_per_second"]), _f(s["tokens_per_second"]),
                 f"{_f(s['speedup'], '.2f')}× ({_f(s['speedup_median'], '.2f')}×)",
                 "—" if b is None else f"{b['speedup']:.2f}× ({b['k']})",
-                f"{_f(lat['p50'])}/{_f(lat['p99'])}", split,
+                f"{_f(lat['p50'])}/{_f(lat['p99'])}", split, _f(s["verify_ms_per_step"], ".2f"),
+                f"{_f(s['host']['target_ms_per_step'], '.2f')} ({_f(s['host']['target_ms_per_row'], '.3f')})",
+                _f(s["host"]["draft_ms_per_token"], ".3f"),
             ])
         lines += _table(rows)
         o = report["overall"]
         s = o["spec"][key]
         lines.append("acceptance by position: " + (" ".join(f"{a:.2f}" for a in s["acceptance_by_position"]) or "—"))
         match = "" if s["greedy_match"] is None else f" · identical to plain: {100 * s['greedy_match']:.0f}% of runs"
+        lines.append(f"plain step: {_f(o['plain']['plain_step_ms'], '.2f')} ms in plain runs (host "
+                     f"{_f(o['plain']['host']['target_ms_per_step'], '.2f')} ms), "
+                     f"{_f(s['plain_step_ms'], '.2f')} ms when the speculative path decodes plainly "
+                     f"({s['n_plain_steps']} of {s['n_steps']} steps)")
         lines.append(f"mean k {_f(s['mean_k'], '.2f')} · plain p50/p99 {_f(o['plain']['latency_ms']['p50'])}/"
                      f"{_f(o['plain']['latency_ms']['p99'])} ms · prefill {_prefill(o['plain'])} plain, "
                      f"{_prefill(s)} spec{match}")

@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: this machine's cores)."),
         target_gpu_layers: Optional[int] = typer.Option(None, "--target-gpu-layers", help="Target layers on the GPU (-1 = all)."),
         draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all)."),
+        forget: bool = typer.Option(False, "--forget", help="Delete what the k controller learned on this pair and machine (its warm start)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the report."),
     ) -> None:
         """Check the llama.cpp build, a target/draft pair and this machine; recommend drafter and k."""
@@ -46,7 +47,7 @@ def register(app: typer.Typer) -> None:
             report = doctor.diagnose(
                 target_path, draft_path, drafters, n_ctx=opts.load.n_ctx, threads=opts.load.threads,
                 gpu_layers={"target": opts.load.target_gpu_layers, "draft": opts.load.draft_gpu_layers},
-                sampling=opts.sampling, seconds=seconds,
+                sampling=opts.sampling, seconds=seconds, forget=forget,
             )
         except (ConfigError, EngineError, OSError) as e:
             fail(e)

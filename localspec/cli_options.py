@@ -27,3 +27,5 @@ DraftGpuLayers = Annotated[Optional[int], typer.Option(
     "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all).")]
 Preset = Annotated[Optional[str], typer.Option(
     "--preset", help="Model preset from `localspec models`; flags override it.")]
+NoWarmStart = Annotated[bool, typer.Option(
+    "--no-warm-start", help="Start the k controller from nothing: neither read nor save what earlier runs learned.")]

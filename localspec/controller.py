@@ -34,6 +34,8 @@ REFRESH_PLAIN = 64         # re-measure t_verify(1) after this many steps withou
 EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbours' costs fresh
 HOLD_PLAIN = 8             # once plain wins, skip re-deciding for this many steps (fast models:
                            # deciding costs ~0.1 ms, 1-2% of a plain step)
+WARM_ALPHA_WEIGHT = 16.0   # a warm start's alpha is worth this many trials: a third of the EWMA memory
+WARM_POSITION_WEIGHT = 3.0  # ...and its rate at each draft position this many
 
 _FULL_POSITION = 1 / (1 - POSITION_DECAY) + POSITION_SHRINK   # weights of a saturated EWMA
 _FULL_ALPHA = 1 / (1 - ALPHA_DECAY)
@@ -77,6 +79,7 @@ class KController:
         self._trials = 0
         self._cusum_low = self._cusum_high = 0.0   # change detection, see _detect_change
         self._verify: dict[int, float] = {}        # batch size b -> EWMA seconds
+        self._prior: set[int] = set()              # sizes known only from a warm start
         self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # verify_cost(1..k_max+1), refitted lazily
         self._draft: float | None = None           # seconds per drafted token
@@ -199,12 +202,16 @@ class KController:
             # it. Costs drift as the context grows, most for a size timed long ago (t_verify(1)
             # while speculating), so a stale size's new timing counts half.
             last, n = self._timed.get(b, (self._steps, 0))
-            if n == 1 and t_verify < self._verify[b]:
+            if b in self._prior:   # a warm start's guess gives way to the first timing made here
+                self._verify[b] = t_verify
+                n = 0
+            elif n == 1 and t_verify < self._verify[b]:
                 self._verify[b] = t_verify
             else:
                 weight = 0.5 if self._steps - last >= COST_STALE else COST_WEIGHT
                 self._verify[b] = _ewma(self._verify.get(b), t_verify, weight)
             self._timed[b] = (self._steps, n + 1)
+            self._prior.discard(b)
             self._curve = None
         self._since_plain = 0 if b == 1 else self._since_plain + 1
         if n_drafted == 0:
@@ -271,7 +278,12 @@ class KController:
     def _fit_curve(self, top: int) -> np.ndarray:
         """t_verify(1..top): a fitted line for batches once three sizes are timed; before that
         exact at measured sizes, linear between, a linear fit beyond."""
-        bs = np.array(sorted(self._verify), dtype=float)
+        sizes = sorted(self._verify)
+        if sum(1 for x in sizes if x >= 2 and x not in self._prior) >= 3:
+            # Enough measured here: a warm start's other sizes may come from a machine state that
+            # has changed, and the line fit would keep them forever (large sizes are seldom tried).
+            sizes = [x for x in sizes if x == 1 or x not in self._prior]
+        bs = np.array(sizes, dtype=float)
         ts = np.array([self._verify[int(x)] for x in bs])
         b = np.arange(1, top + 1)
         if len(bs) == 1:  # the prior shape 1 + 0.1 (b - 1), through the one measured point
@@ -307,6 +319,42 @@ class KController:
             return None
         thr = self._throughput(k)
         return float(thr[k] / thr[0])
+
+    # ---- warm start ---------------------------------------------------------------------
+    def learned(self) -> dict:
+        """What a later run on the same pair and machine can start from (`warm_start`)."""
+        return {
+            "verify": {str(b): t for b, t in sorted(self._verify.items())},
+            "draft_cost": self._draft,
+            "resume_cost": self._resume,
+            "alpha": self.alpha,
+            "by_position": self.acceptance_by_position(),
+            "trials": self._trials,
+        }
+
+    def warm_start(self, verify: dict[int, float] | None = None, draft_cost: float | None = None,
+                   resume_cost: float | None = None, alpha: float | None = None,
+                   by_position: list[float | None] | None = None) -> None:
+        """Start from what an earlier run measured instead of from nothing: costs until the size
+        is timed here (the first timing replaces the recorded one), acceptance as a few
+        pseudo-trials. With a draft cost and an alpha the start-up measuring steps are
+        skipped: the first step already drafts the k those predict, or decodes plainly."""
+        for b, t in (verify or {}).items():
+            if b >= 1 and t > 0:
+                self._verify[b] = t
+                self._prior.add(b)
+        self._curve = None
+        if draft_cost is not None and draft_cost >= 0:
+            self._draft = draft_cost
+        if resume_cost is not None and resume_cost >= 0:
+            self._resume = resume_cost
+        if alpha is not None:
+            self._acc_s, self._acc_w = alpha * WARM_ALPHA_WEIGHT, WARM_ALPHA_WEIGHT
+            for i, rate in enumerate((by_position or [])[: self.k_max]):
+                if rate is not None:
+                    self._pos_s[i], self._pos_w[i] = rate * WARM_POSITION_WEIGHT, WARM_POSITION_WEIGHT
+        if alpha is not None and (draft_cost is not None or self.draft_cost_free) and 1 in self._verify:
+            self._draft_steps = max(self._draft_steps, 2)
 
     def snapshot(self) -> dict:
         """JSON-serialisable summary for logs, the bench and the TUI."""

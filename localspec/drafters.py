@@ -16,19 +16,21 @@ import numpy as np
 
 from .config import SamplingConfig
 from .prefix import common_prefix
-from .sampling import probabilities, sample
+from .sampling import Dist, distribution
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]
     """Proposed continuation, possibly shorter than asked (or empty)."""
-    q: np.ndarray | None = None
-    """(len(tokens), vocab) distributions the tokens were sampled from; None for drafts that have no
-    distribution (prompt lookup, greedy drafts), verified as one-hot proposals."""
+    q: list[Dist] | None = None
+    """The distribution each token was sampled from; None for drafts that have no distribution
+    (prompt lookup, greedy drafts), verified as one-hot proposals."""
     t_catchup: float = 0.0
     """Seconds spent bringing the drafter up to date with text it had not seen (after plain steps);
     a one-off cost that must not be mistaken for the per-token price of drafting."""
+    t_host: float = 0.0
+    """Seconds of host work (turning the draft's logits into tokens), part of the drafting time."""
 
 
 class Drafter(Protocol):
@@ -92,24 +94,24 @@ class ModelDrafter:
         # sat out plain steps and had to catch up.
         catchup = time.perf_counter() - start if len(view) - keep > 2 else 0.0
         tokens: list[int] = []
-        rows: list[np.ndarray] = []
+        rows: list[Dist] = []
+        host = 0.0
         for i in range(k):
+            h = time.perf_counter()
             if sampling.greedy:
                 x = int(logits[0].argmax())
             else:
-                q = probabilities(logits[0], sampling)
-                x = sample(q, rng)
+                q = distribution(logits[0], sampling)
+                x = q.sample(rng)
                 rows.append(q)
             tokens.append(x)
+            host += time.perf_counter() - h
             if m.is_eog(x) or x >= self.target_vocab or i == k - 1:
                 break  # nothing sensible follows an end of generation or an id the target lacks
             logits = m.eval([x], logits_from=0)
-        # Greedy drafts are checked against the target's argmax; no distribution is needed.
-        q = np.stack(rows) if rows else None
-        if q is not None and q.shape[1] != self.target_vocab:
-            # Padding ids past one vocabulary's end: p or q is 0 there, which the rule handles.
-            q = np.pad(q, ((0, 0), (0, max(self.target_vocab - q.shape[1], 0))))[:, : self.target_vocab]
-        return Draft(tokens, q, catchup)
+        # Greedy drafts are checked against the target's argmax; no distribution is needed. Ids
+        # past one vocabulary's end have p = 0 or q = 0 there, which the rule handles.
+        return Draft(tokens, rows or None, catchup, host)
 
     def feedback(self, n_drafted: int, n_accepted: int) -> None:
         pass  # the cache catches up by common prefix on the next proposal

@@ -1,100 +1,350 @@
-"""Turning logits into the distribution that is sampled — identical for draft and target.
+"""Turning a row of logits into the distribution that is sampled — identical for draft and target.
 
 Order follows llama.cpp's default sampler chain: truncate (top-k, top-p, min-p) on the untempered
-distribution, then apply the temperature to what survives. Rows are processed together so a whole
-verification block costs a handful of numpy calls, not a Python loop over the vocabulary.
+distribution, then apply the temperature to what survives.
+
+Cost follows the support, not the vocabulary. A row is read once or twice in place, as the float32
+llama.cpp wrote; what comes out is a `Sparse` distribution (ids + probabilities of the kept tokens)
+whenever something truncates, and a `Dense` one (one float32 softmax, no sort) only when nothing
+does. At 262k tokens a truncated row costs about as much as a few hundred kept tokens, not a
+full-vocabulary float64 pass.
+
+Tie rule, the same for every cut and for draft and target alike: each cut is a threshold on the
+logit, and a token tied with the last one kept is kept too. Top-k keeps every token whose logit is
+at least the k-th largest (more than k when the k-th is tied); top-p keeps every token at least as
+likely as the one that brings the mass to top_p; min-p keeps logit >= max + ln(min_p). The kept set
+depends on the values only, never on the order of ids.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from .config import SamplingConfig
 
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64 (probabilities are compared and divided by the acceptance rule)."""
-    x = np.asarray(logits, dtype=np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
-    return x
+BLOCK = 1024          # dense rows are summed in blocks: Z, and two short cumsums to sample
+_NEAR = 8.0           # first look for top-k / nucleus candidates this far below the max logit
+_TINY_T = 1e-20       # below this temperature float32 scaling overflows; the limit is the argmax
 
 
-def _keep_mask(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
-    """Boolean mask of the tokens that survive top-k, top-p and min-p, per row."""
-    rows, vocab = logits.shape
-    keep = np.ones((rows, vocab), dtype=bool)
-    if cfg.top_k and cfg.top_k < vocab:
-        kth = np.partition(logits, vocab - cfg.top_k, axis=-1)[:, vocab - cfg.top_k][:, None]
-        keep &= logits >= kth
-    if cfg.top_p < 1.0 or cfg.min_p > 0.0:
-        probs = softmax(np.where(keep, logits, -np.inf))
-        if cfg.min_p > 0.0:
-            keep &= probs >= cfg.min_p * probs.max(axis=-1, keepdims=True)
-        if cfg.top_p < 1.0:
-            order = np.argsort(-probs, axis=-1, kind="stable")
-            sorted_p = np.take_along_axis(probs, order, axis=-1)
-            before = np.cumsum(sorted_p, axis=-1) - sorted_p
-            # A token stays while the mass strictly before it is below top_p, so the top one always does.
-            in_nucleus = np.zeros_like(keep)
-            np.put_along_axis(in_nucleus, order, before < cfg.top_p, axis=-1)
-            keep &= in_nucleus
-    return keep
+class BadLogits(ValueError):
+    """A row of logits with NaN, or with no finite value: the model produced garbage."""
+
+
+class Sparse:
+    """A distribution over a few token ids: weights (normalised for processed rows, unnormalised
+    for residuals) in float64, every weight > 0 except in residuals."""
+
+    __slots__ = ("ids", "weights", "_total", "_order")
+
+    def __init__(self, ids: np.ndarray, weights: np.ndarray):
+        self.ids = ids
+        self.weights = weights
+        self._total: float | None = None
+        self._order: np.ndarray | None = None
+
+    @property
+    def total(self) -> float:
+        if self._total is None:
+            self._total = float(self.weights.sum())
+        return self._total
+
+    def prob(self, x: int) -> float:
+        hit = np.flatnonzero(self.ids == x)
+        return float(self.weights[hit[0]]) / self.total if len(hit) else 0.0
+
+    def probs_at(self, ids: np.ndarray) -> np.ndarray:
+        if self._order is None:
+            self._order = np.argsort(self.ids)
+        sorted_ids = self.ids[self._order]
+        j = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+        found = sorted_ids[j] == ids
+        return np.where(found, self.weights[self._order[j]], 0.0) / self.total
+
+    def sample(self, rng: np.random.Generator) -> int:
+        cdf = np.cumsum(self.weights)
+        u = rng.random() * cdf[-1]
+        j = int(np.searchsorted(cdf, u, side="right"))
+        if j >= len(cdf):  # u rounded onto the end: the last token with weight
+            j = int(np.flatnonzero(self.weights)[-1])
+        return int(self.ids[j])
+
+    def minus(self, q: "Dist") -> "Sparse":
+        """max(0, p - q), unnormalised: its support is inside p's."""
+        r = self.weights / self.total - q.probs_at(self.ids)
+        np.maximum(r, 0.0, out=r)
+        return Sparse(self.ids, r)
+
+    def without(self, x: int) -> "Sparse":
+        r = self.weights.copy()
+        r[self.ids == x] = 0.0
+        return Sparse(self.ids, r)
+
+    def dense(self, vocab: int) -> np.ndarray:
+        out = np.zeros(vocab)
+        ok = self.ids < vocab
+        out[self.ids[ok]] = self.weights[ok] / self.total
+        return out
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class Dense:
+    """A distribution over the whole vocabulary: float32 weights and their float64 block sums.
+
+    Kept unnormalised (p(x) = weights[x] / total) so making one costs a subtract, an exp and a
+    blocked sum; drawing costs a cumsum over the block sums and one over a block."""
+
+    __slots__ = ("weights", "blocks", "total")
+
+    def __init__(self, weights: np.ndarray, blocks: np.ndarray | None = None):
+        self.weights = weights
+        self.blocks = _block_sums(weights) if blocks is None else blocks
+        self.total = float(self.blocks.sum())
+
+    def prob(self, x: int) -> float:
+        return float(self.weights[x]) / self.total if 0 <= x < len(self.weights) else 0.0
+
+    def probs_at(self, ids: np.ndarray) -> np.ndarray:
+        ok = ids < len(self.weights)
+        return np.where(ok, self.weights[np.where(ok, ids, 0)], 0.0) / self.total
+
+    def sample(self, rng: np.random.Generator) -> int:
+        u = rng.random() * self.total
+        cum = np.cumsum(self.blocks)
+        b = int(np.searchsorted(cum, u, side="right"))
+        if b >= len(cum):
+            b = int(np.flatnonzero(self.blocks)[-1])
+            u = cum[-1]
+        u -= cum[b - 1] if b else 0.0
+        block = self.weights[b * BLOCK:(b + 1) * BLOCK]
+        local = np.cumsum(block, dtype=np.float64)
+        j = int(np.searchsorted(local, u, side="right"))
+        if j >= len(local):  # rounding between the block sum and its cumsum
+            j = int(np.flatnonzero(block)[-1])
+        return b * BLOCK + j
+
+    def minus(self, q: "Dist") -> "Dense":
+        r = self.weights * np.float32(1.0 / self.total)
+        if isinstance(q, Dense):
+            n = min(len(r), len(q.weights))
+            r[:n] -= q.weights[:n] * np.float32(1.0 / q.total)
+        else:
+            ok = q.ids < len(r)
+            r[q.ids[ok]] -= (q.weights[ok] / q.total).astype(np.float32)
+        np.maximum(r, 0.0, out=r)
+        return Dense(r)
+
+    def without(self, x: int) -> "Dense":
+        r = self.weights.copy()
+        blocks = self.blocks.copy()
+        if 0 <= x < len(r):
+            blocks[x // BLOCK] = max(blocks[x // BLOCK] - float(r[x]), 0.0)
+            r[x] = 0.0
+        return Dense(r, blocks)
+
+    def dense(self, vocab: int) -> np.ndarray:
+        out = np.zeros(vocab)
+        n = min(vocab, len(self.weights))
+        out[:n] = self.weights[:n]
+        out /= out.sum()  # float64 over the float32 weights (`total` sums them in float32 blocks)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+Dist = Sparse | Dense
+
+
+def _block_sums(w: np.ndarray) -> np.ndarray:
+    n = len(w) // BLOCK * BLOCK
+    sums = w[:n].reshape(-1, BLOCK).sum(axis=1).astype(np.float64)
+    if n < len(w):
+        sums = np.append(sums, float(w[n:].sum(dtype=np.float64)))
+    return sums
+
+
+def _max(row: np.ndarray) -> float:
+    m = float(row.max())
+    if not math.isfinite(m):
+        raise BadLogits("the model returned NaN or no finite logits (corrupt weights or a broken backend?)")
+    return m
+
+
+def distribution(row: np.ndarray, cfg: SamplingConfig) -> Dist:
+    """The processed next-token distribution of one float32 row of logits (read in place)."""
+    row = np.asarray(row, dtype=np.float32)
+    if cfg.greedy:
+        return Sparse(np.array([int(row.argmax())]), np.ones(1))
+    m = _max(row)
+    top_k = cfg.top_k if 0 < cfg.top_k < len(row) else 0
+    total = None  # mass of the distribution top-p reads, relative to exp(max): None = of the candidates
+    if top_k:
+        # top-p reads the mass of the whole top-k set, below min-p's floor too
+        ids, vals = _top_k(row, m, top_k, -math.inf if cfg.top_p < 1.0 else m + _log(cfg.min_p))
+    elif cfg.top_p < 1.0:
+        ids, vals, total = _nucleus_candidates(row, m, cfg.top_p, m + _log(cfg.min_p))
+    elif cfg.min_p > 0.0:
+        ids = np.flatnonzero(row >= np.float32(m + _log(cfg.min_p)))
+        vals = row[ids]
+    else:
+        return _dense(row, m, cfg.temperature)
+    return _truncated(ids, vals, m, cfg, total)
+
+
+def _log(min_p: float) -> float:
+    return math.log(min_p) if min_p > 0.0 else -math.inf
+
+
+def _truncated(ids: np.ndarray, vals: np.ndarray, m: float, cfg: SamplingConfig, total: float | None) -> Sparse:
+    """The kept prefix of candidates that hold every token top-k keeps (or the nucleus): sorted
+    once, then top-p and min-p are two searches on it, and the temperature applies to what stays."""
+    order = np.argsort(vals)[::-1] if len(vals) > 1 else np.zeros(len(vals), dtype=np.intp)
+    ids = ids[order]
+    x = vals[order].astype(np.float64) - m        # descending, x[0] = 0
+    n = len(x)
+    if cfg.min_p > 0.0:
+        n = int(np.searchsorted(-x, -math.log(cfg.min_p), side="right"))
+    w = None
+    if cfg.top_p < 1.0:
+        w = np.exp(x)
+        before = np.cumsum(w)
+        before -= w
+        limit = cfg.top_p * (float(before[-1] + w[-1]) if total is None else total)
+        last = max(int(np.searchsorted(before, limit, side="left")) - 1, 0)
+        n = min(n, int(np.searchsorted(-x, -x[last], side="right")))  # with the cut's ties
+    x = x[:n]
+    if cfg.temperature == 1.0 and w is not None:
+        p = w[:n].copy()
+    else:
+        p = np.exp(x / cfg.temperature)  # float64: even t = 1e-38 leaves exp(0) = 1 at the top
+    p /= p.sum()
+    return Sparse(ids[:n], p)
+
+
+def _dense(row: np.ndarray, m: float, t: float) -> Dense:
+    if t < _TINY_T:
+        return Dense((row == np.float32(m)).astype(np.float32))
+    w = np.subtract(row, np.float32(m))
+    if t != 1.0:
+        np.divide(w, np.float32(t), out=w)
+    np.exp(w, out=w)
+    return Dense(w)
+
+
+def _top_k(row: np.ndarray, m: float, k: int, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Every token whose logit is at least the k-th largest, and their logits, searched among the
+    tokens near the max (real rows have their top 40 within a few units of it), widening only when
+    fewer than k are there. Tokens below `floor` are not needed (min-p drops them)."""
+    near = min(_NEAR, m - floor)
+    while True:
+        ids = np.flatnonzero(row >= np.float32(m - near))
+        if len(ids) >= k or near >= m - floor:
+            break
+        if near >= 8 * _NEAR:  # a very peaked row: partition the whole vocabulary
+            kth = np.partition(row, len(row) - k)[len(row) - k]
+            ids = np.flatnonzero(row >= kth)
+            return ids, row[ids]
+        near = min(near * 2, m - floor)
+    vals = row[ids]
+    if len(ids) > k:
+        kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+        keep = vals >= kth
+        ids, vals = ids[keep], vals[keep]
+    return ids, vals
+
+
+# How far below the max the nucleus search looks, in turn. Real rows at top-p 0.95 end their
+# nucleus 5-9 units below it (Gemma-3-270M, T = 1): 12 units hold it nearly always, in a few
+# thousand tokens; each further try is one more pass over the row.
+_NUCLEUS_DEPTHS = (12.0, 20.0, math.inf)
+# Candidate sets larger than this are cut to the nucleus by sorting values (SIMD-fast in numpy)
+# before the argsort that orders the kept prefix (which is not).
+_ARGSORT_MAX = 2048
+
+
+def _nucleus_candidates(row: np.ndarray, m: float, top_p: float, floor: float):
+    """Top-p over the whole vocabulary: one float32 exp pass for the mass, then candidates near the
+    max, widened until they hold top_p of it. Returns (ids, logits, mass) where the ids hold the
+    nucleus, or the min-p set when the nucleus reaches below min-p's floor."""
+    w = np.subtract(row, np.float32(m))
+    np.exp(w, out=w)
+    total = float(_block_sums(w).sum())
+    need = top_p * total
+    for near in _NUCLEUS_DEPTHS:
+        near = min(near, m - floor)
+        ids = np.flatnonzero(row >= np.float32(m - near)) if math.isfinite(near) else np.arange(len(row))
+        mass = float(w[ids].sum(dtype=np.float64))
+        if mass >= need or near >= m - floor:
+            break
+    vals = row[ids]
+    if mass >= need and len(ids) > _ARGSORT_MAX:
+        desc = np.sort(vals)[::-1]
+        cum = np.cumsum(np.exp(desc.astype(np.float64) - m))
+        cut = desc[min(int(np.searchsorted(cum, need, side="left")), len(desc) - 1)]
+        keep = vals >= cut
+        ids, vals = ids[keep], vals[keep]
+    return ids, vals, total
+
+
+# -- blocks of rows ------------------------------------------------------------------------------
+
+
+class Rows:
+    """The distributions of the rows of a logits block, each processed when first read.
+
+    The acceptance rule stops at the first rejection, so rows after it are never processed."""
+
+    def __init__(self, logits: np.ndarray, cfg: SamplingConfig):
+        self._logits = logits
+        self._cfg = cfg
+        self._done: dict[int, Dist] = {}
+
+    def __getitem__(self, i: int) -> Dist:
+        got = self._done.get(i)
+        if got is None:
+            got = self._done[i] = distribution(self._logits[i], self._cfg)
+        return got
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+
+class Argmax:
+    """Greedy counterpart of `Rows`: the argmax of each row, computed when first read."""
+
+    def __init__(self, logits: np.ndarray):
+        self._logits = logits
+
+    def __getitem__(self, i: int) -> int:
+        row = self._logits[i]
+        best = int(row.argmax())
+        if not math.isfinite(float(row[best])):
+            _max(row)  # raises BadLogits with the reason
+        return best
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+
+# -- dense helpers, for tests and analysis -------------------------------------------------------
 
 
 def probabilities(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
-    """The processed next-token distribution for each row of `logits` (shape (rows, vocab) or (vocab,)).
+    """Dense float64 probabilities for each row of `logits` ((rows, vocab) or (vocab,)).
 
-    For greedy configs this is the one-hot argmax, which keeps the acceptance rule uniform.
-    """
+    For analysis and tests: the decoder works on `distribution`s and never makes these."""
     logits = np.asarray(logits, dtype=np.float32)
-    squeeze = logits.ndim == 1
-    if squeeze:
-        logits = logits[None, :]
-    if cfg.greedy:
-        out = np.zeros(logits.shape, dtype=np.float64)
-        out[np.arange(len(logits)), logits.argmax(axis=-1)] = 1.0
-    else:
-        rows, vocab = logits.shape
-        if cfg.top_k and cfg.top_k < vocab and cfg.top_k <= 1024:
-            # Work on the top-k columns only: everything else gets probability 0 anyway.
-            idx = np.stack([_top_k_ids(row, cfg.top_k) for row in logits])
-            sub = np.take_along_axis(logits, idx, axis=-1)
-            small = _processed(sub, SamplingConfig(cfg.temperature, 0, cfg.top_p, cfg.min_p))
-            out = np.zeros((rows, vocab), dtype=np.float64)
-            np.put_along_axis(out, idx, small, axis=-1)
-        else:
-            out = _processed(logits, cfg)
-    return out[0] if squeeze else out
-
-
-# Real logit rows have their top 40 within a few units of the maximum; looking there first turns a
-# full-vocabulary partition (~0.4 ms at 49k) into a compare and a partition of a few hundred.
-_TOP_K_MARGIN = 8.0
-
-
-def _top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest entries (as argpartition would give), found among the entries near
-    the maximum whenever at least k of them are there — then the top k are certainly among them."""
-    near = np.flatnonzero(row >= row.max() - _TOP_K_MARGIN)
-    if len(near) < k:
-        return np.argpartition(row, len(row) - k)[len(row) - k :]
-    return near[np.argpartition(row[near], len(near) - k)[len(near) - k :]]
-
-
-def _processed(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
-    keep = _keep_mask(logits, cfg)
-    # Shift by the row max before dividing: a tiny temperature must not overflow to inf - inf.
-    # The top token always survives truncation, so the shift keeps one finite 0.
-    x = logits.astype(np.float64)
-    x = (x - x.max(axis=-1, keepdims=True)) / cfg.temperature
-    return softmax(np.where(keep, x, -np.inf))
+    if logits.ndim == 1:
+        return distribution(logits, cfg).dense(len(logits))
+    return np.stack([distribution(row, cfg).dense(logits.shape[1]) for row in logits])
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from a probability vector (need not be exactly normalised)."""
-    support = np.flatnonzero(probs)  # usually a few dozen of ~50k entries
-    cdf = np.cumsum(probs[support])
-    u = rng.random() * cdf[-1]
-    return int(support[min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1)])
+    """Draw one token id from a dense probability vector (need not be exactly normalised)."""
+    support = np.flatnonzero(probs)
+    return Sparse(support, np.asarray(probs, dtype=np.float64)[support]).sample(rng)

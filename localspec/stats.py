@@ -21,7 +21,12 @@ class RunStats:
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_python: float = 0.0
+    t_draft_host: float = 0.0
     k_sum: int = 0
+    # Steps that drafted nothing (k = 0): their count and seconds, to price a plain step taken by
+    # the speculative path against one of plain decoding.
+    n_plain_steps: int = 0
+    t_plain_steps: float = 0.0
     finish: str | None = None
     # Acceptance by draft position i (1-based): how often position i was drafted / accepted.
     drafted_at: list[int] = field(default_factory=list)
@@ -39,7 +44,11 @@ class RunStats:
         self.t_draft += step.t_draft
         self.t_verify += step.t_verify
         self.t_python += step.t_python
+        self.t_draft_host += step.t_draft_host
         self.k_sum += step.k
+        if step.k == 0:
+            self.n_plain_steps += 1
+            self.t_plain_steps += step.t_draft + step.t_verify + step.t_python
         if step.n_drafted > len(self.drafted_at):
             grow = step.n_drafted - len(self.drafted_at)
             self.drafted_at += [0] * grow
@@ -76,6 +85,25 @@ class RunStats:
         drafting = self.drafted_at[0] if self.drafted_at else 0  # steps that drafted ≥ 1 token
         return self.n_accepted / drafting if drafting else None
 
+    def host(self) -> dict:
+        """Host time (everything in a step outside llama.cpp's decode calls), in two parts: the
+        target side (processing the verified rows, acceptance, bookkeeping) per step and per
+        verified row, and the draft side (turning each drafted row into a token) per drafted token."""
+        rows = self.n_steps + self.n_drafted  # each step verifies its drafts plus one
+        ms = lambda t, n: 1000 * t / n if n else None  # noqa: E731
+        return {
+            "target_seconds": self.t_python,
+            "draft_seconds": self.t_draft_host,
+            "target_ms_per_step": ms(self.t_python, self.n_steps),
+            "target_ms_per_row": ms(self.t_python, rows),
+            "draft_ms_per_token": ms(self.t_draft_host, self.n_drafted),
+        }
+
+    @property
+    def plain_step_ms(self) -> float | None:
+        """Mean milliseconds of a step that drafted nothing (k = 0)."""
+        return 1000 * self.t_plain_steps / self.n_plain_steps if self.n_plain_steps else None
+
     def acceptance_by_position(self) -> list[float]:
         return [a / d for a, d in zip(self.accepted_at, self.drafted_at) if d]
 
@@ -100,5 +128,8 @@ class RunStats:
             "seconds": self.seconds,
             "mean_k": self.k_sum / self.n_steps if self.n_steps else None,
             "time_split": {"draft": self.t_draft, "verify": self.t_verify, "python": self.t_python},
+            "host": self.host(),
+            "verify_ms_per_step": 1000 * self.t_verify / self.n_steps if self.n_steps else None,
+            "plain_step_ms": self.plain_step_ms,
             "finish": self.finish,
         }

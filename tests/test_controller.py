@@ -340,3 +340,69 @@ def test_hopeless_costs_stop_probing_almost_entirely():
         c.observe(k, k, k, 0.009 * k, 0.009 + 0.003 * k)  # all accepted, and still no gain
     assert n <= 2 + 3  # the two measuring steps, then a probe per ~1000 steps
     assert c.choose() == 0
+
+
+# ---- warm start ------------------------------------------------------------------------------
+
+def _learned_on(rate_at, draft, verify, steps=400, seed=21) -> dict:
+    ctrl = KController(k_max=12)
+    simulate(ctrl, np.random.default_rng(seed), steps, lambda s, p: rate_at(p), verify, draft)
+    return json.loads(json.dumps(ctrl.learned()))  # what a record holds survives JSON
+
+
+def _warm(learned: dict, **kw) -> KController:
+    ctrl = KController(k_max=12, **kw)
+    ctrl.warm_start({int(b): t for b, t in learned["verify"].items()}, learned["draft_cost"],
+                    learned["resume_cost"], learned["alpha"], learned["by_position"])
+    return ctrl
+
+
+def test_warm_start_drafts_the_best_k_from_the_first_step():
+    rate_at, draft, verify = CASES["cpu f32 target, q4 draft, alpha 0.95"]
+    rates = [rate_at(i) for i in range(1, 13)]
+    tokens, seconds = true_throughput(rates, draft, verify, 12)
+    good = set(np.flatnonzero(tokens / seconds >= 0.97 * (tokens / seconds).max()).tolist())
+    warm = _warm(_learned_on(rate_at, draft, verify))
+    assert warm.choose() in good   # no start-up measuring steps at START_K, no plain step first
+    # Over short runs (a CLI generate of ~30 steps) a warm controller is near the best from the
+    # start on every seed; a cold one spends steps measuring and sometimes stalls in plain.
+    def short(ctrl, seed):
+        ks = simulate(ctrl, np.random.default_rng(seed), 30, lambda s, p: rate_at(p), verify, draft)
+        return realised_vs_plain(ks, rates, draft, verify)
+    best = (tokens / seconds).max() * seconds[0]
+    warm = [short(_warm(_learned_on(rate_at, draft, verify, seed=s)), s) for s in range(10)]
+    cold = [short(KController(k_max=12), s) for s in range(10)]
+    assert np.mean(warm) >= 0.98 * best and min(warm) >= 0.93 * best, (warm, best)
+    assert np.mean(warm) > np.mean(cold), (warm, cold)
+
+
+def test_warm_start_on_an_unprofitable_pair_never_drafts_at_start():
+    def verify(b):
+        return (9 + 3 * (b - 1)) * MS
+    learned = _learned_on(lambda i: 1.0, 9 * MS, verify, steps=300)
+    warm = _warm(learned)
+    ks = simulate(warm, np.random.default_rng(2), 300, lambda s, p: 1.0, verify, 9 * MS)
+    assert ks[:50] == [0] * 50 and sum(k > 0 for k in ks) <= 1
+
+
+def test_a_wrong_prior_is_overridden_by_fresh_measurements():
+    """A record from a machine where verifying was flat (GPU-like) on a CPU-like curve: the
+    controller follows what it measures within a few dozen steps."""
+    rate_at, draft, verify = (lambda i: 0.9), 1 * MS, linear_verify(0.3)
+    rates = [0.9] * 12
+    tokens, seconds = true_throughput(rates, draft, verify, 12)
+    thr = tokens / seconds
+    good = set(np.flatnonzero(thr >= 0.97 * thr.max()).tolist())
+    wrong = _learned_on(lambda i: 0.99, 0.1 * MS, linear_verify(0.0))
+    warm = _warm(wrong)
+    assert warm.choose() >= 10    # the prior says: draft long
+    ks = simulate(warm, np.random.default_rng(4), 200, lambda s, p: rate_at(p), verify, draft)
+    assert np.mean([k in good for k in ks[100:]]) >= 0.7, np.bincount(ks[100:])
+
+
+def test_learned_state_is_json_and_a_fixed_k_ignores_nothing_it_needs():
+    learned = _learned_on(lambda i: 0.8, 2 * MS, cpu_verify, steps=100)
+    assert set(learned) == {"verify", "draft_cost", "resume_cost", "alpha", "by_position", "trials"}
+    assert 0 < learned["alpha"] < 1 and learned["draft_cost"] > 0 and "1" in learned["verify"]
+    fixed = _warm(learned, fixed_k=3)
+    assert fixed.choose() == 3

@@ -81,11 +81,11 @@ class ChatApp(App):
     ]
 
     def __init__(self, source: LoadConfig | Session, sampling: SamplingConfig, *, k: int | None = None,
-                 max_tokens: int = 256, system: str | None = None) -> None:
+                 max_tokens: int = 256, system: str | None = None, warm_start: bool = True) -> None:
         """`source` is a LoadConfig (loaded here, in a worker) or an already-loaded Session."""
         super().__init__()
         self.source = source
-        self.options = dict(sampling=sampling, k=k, max_tokens=max_tokens, system=system)
+        self.options = dict(sampling=sampling, k=k, max_tokens=max_tokens, system=system, warm_start=warm_start)
         self.session: Session | None = None
         self.chat: Chat | None = None
         self.busy = False

@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from localspec import warmstart
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig
 from localspec.controller import KController
 from localspec.decoder import Step
@@ -103,8 +104,10 @@ class Chat:
     """A conversation with one loaded Session. Settings changed while a reply runs apply to the next."""
 
     def __init__(self, session, sampling: SamplingConfig, k: int | None = None,
-                 max_tokens: int = 256, system: str | None = None, k_max: int = 12) -> None:
+                 max_tokens: int = 256, system: str | None = None, k_max: int = 12,
+                 warm_start: bool = True) -> None:
         self.session = session
+        self.warm_start = warm_start
         self.sampling = sampling
         self.k = k
         self.k_max = max(k_max, k or 0)
@@ -210,6 +213,8 @@ class Chat:
             # decoder rewinds the KV cache to the accepted text before anything else runs.
             stream.close()
         self.history.append({"role": "assistant", "content": "".join(parts)})
+        if self.warm_start and drafter is not None:   # what this turn taught, for the next session
+            warmstart.save(controller, self.session, kind, sampling.temperature)
         return Reply(finish, n_tokens, time.perf_counter() - start,
                      n_accepted / n_drafted if n_drafted else None)
 
@@ -222,6 +227,8 @@ class Chat:
 
     def _controller(self, kind: str, drafter) -> KController:
         if kind not in self._controllers:
-            self._controllers[kind] = KController(
+            c = self._controllers[kind] = KController(
                 self.k_max, fixed_k=self.k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
+            if self.warm_start and drafter is not None:
+                warmstart.load_into(c, self.session, kind, self.sampling.temperature)
         return self._controllers[kind]

@@ -30,6 +30,7 @@ def chat(
     draft_gpu_layers: o.DraftGpuLayers = None,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     preset: o.Preset = None,
+    no_warm_start: o.NoWarmStart = False,
 ) -> None:
     """Chat in the terminal, watching speculation work: α, k, tokens/s and which words the draft wrote."""
     from localspec.cli import fail, resolve_options
@@ -56,7 +57,8 @@ def chat(
 
     from .app import ChatApp   # Textual is imported only when the chat really starts
 
-    app = ChatApp(opts.load, opts.sampling, k=opts.k, max_tokens=max_tokens, system=system)
+    app = ChatApp(opts.load, opts.sampling, k=opts.k, max_tokens=max_tokens, system=system,
+                  warm_start=not no_warm_start)
     app.run()
     if app.session is not None:
         app.session.close()   # the reply thread has ended: App.run waits for its workers

@@ -1,0 +1,144 @@
+"""The controller record that makes later runs start warm: written, read, refused, never fatal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from localspec import warmstart
+from localspec.controller import KController
+
+CLI = [sys.executable, "-m", "localspec"]
+
+
+class _Model:
+    def __init__(self, path, threads=2, gpu_layers=-1):
+        self.path = path
+        self.n_threads = threads
+        self.cfg = type("Cfg", (), {"n_gpu_layers": gpu_layers})()
+
+
+class _Session:
+    def __init__(self, target, draft=None, threads=2):
+        self.target = _Model(target, threads)
+        self.draft = _Model(draft, threads) if draft else None
+
+
+@pytest.fixture
+def pair(tmp_path, warm_cache):
+    t, d = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    t.write_bytes(b"GGUF target")
+    d.write_bytes(b"GGUF draft")
+    return _Session(t, d)
+
+
+def _trained() -> KController:
+    c = KController(8)
+    for k, acc in [(4, 4), (4, 3), (0, 0), (6, 6), (6, 2), (0, 0)]:
+        c.observe(k, k, acc, 0.002 * k, 0.010 + 0.003 * k)
+    return c
+
+
+def test_saved_record_warms_the_next_controller(pair):
+    path = warmstart.save(_trained(), pair, "model", 0.0)
+    assert path is not None and path.is_file()
+    rec = json.loads(path.read_text())
+    assert rec["schema"] == warmstart.SCHEMA and set(rec["drafters"]) == {"model"}
+    assert set(rec["drafters"]["model"]["alpha"]) == {"greedy"}
+    c = KController(8)
+    assert warmstart.load_into(c, pair, "model", 0.0)
+    assert c.draft_cost == pytest.approx(_trained().draft_cost)
+    assert c.choose() > 0 and c.alpha is None   # warm, but α is reported from this run's data only
+
+
+def test_alpha_is_kept_per_drafter_and_temperature_band(pair):
+    greedy, sampled = KController(8), KController(8)
+    for _ in range(30):
+        greedy.observe(4, 4, 4, 0.004, 0.02)
+        sampled.observe(4, 4, 0, 0.004, 0.02)
+    warmstart.save(greedy, pair, "model", 0.0)
+    warmstart.save(sampled, pair, "model", 1.0)
+    warmstart.save(sampled, pair, "lookup", 0.0)
+    rec = warmstart.read(warmstart.session_key(pair))
+    assert rec["drafters"]["model"]["alpha"]["greedy"]["alpha"] > 0.9
+    assert rec["drafters"]["model"]["alpha"]["sampled"]["alpha"] < 0.5
+    assert rec["drafters"]["lookup"]["alpha"]["greedy"]["alpha"] < 0.5
+
+
+def test_another_thread_count_or_file_is_another_record(pair, tmp_path):
+    warmstart.save(_trained(), pair, "model", 0.0)
+    other = _Session(pair.target.path, pair.draft.path, threads=7)
+    assert warmstart.read(warmstart.session_key(other)) is None
+    time.sleep(1.1)  # mtime has a one-second grain in the key
+    pair.target.path.write_bytes(b"GGUF target, replaced by a new download")
+    assert warmstart.read(warmstart.session_key(pair)) is None
+
+
+@pytest.mark.parametrize("damage", ["not json", "[]", '{"schema": "localspec.controller/0"}', "foreign",
+                                    "stale", "negative cost", "alpha above one"])
+def test_damaged_records_are_ignored_with_a_note(pair, damage, monkeypatch, capfd):
+    path = warmstart.save(_trained(), pair, "model", 0.0)
+    rec = json.loads(path.read_text())
+    if damage == "foreign":
+        rec["key"]["host"] = "another-machine"
+    elif damage == "stale":
+        rec["saved"] = time.time() - 40 * 86400
+    elif damage == "negative cost":
+        rec["verify"]["1"] = -0.01
+    elif damage == "alpha above one":
+        rec["drafters"]["model"]["alpha"]["greedy"]["alpha"] = 1.5
+    text = damage if damage in ("not json", "[]") or damage.startswith("{") else json.dumps(rec)
+    path.write_text(text)
+    monkeypatch.setenv("LOCALSPEC_VERBOSE", "1")
+    c = KController(8)
+    assert not warmstart.load_into(c, pair, "model", 0.0)
+    assert "warm start" in capfd.readouterr().err
+    assert c.choose() == 4   # cold: the start-up measuring step
+    assert warmstart.save(_trained(), pair, "model", 0.0) == path   # and the next save replaces it
+    assert warmstart.read(warmstart.session_key(pair)) is not None
+
+
+def test_unwritable_cache_is_never_fatal(pair, warm_cache):
+    warm_cache.parent.mkdir(parents=True, exist_ok=True)
+    warm_cache.write_text("a file where the cache folder should be")
+    assert warmstart.save(_trained(), pair, "model", 0.0) is None
+    assert not warmstart.load_into(KController(8), pair, "model", 0.0)
+
+
+def test_turned_off_reads_and_writes_nothing(pair, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_NO_WARM_START", "1")
+    assert warmstart.save(_trained(), pair, "model", 0.0) is None
+    assert not warmstart.directory().exists() or not list(warmstart.directory().iterdir())
+
+
+def _generate(model_paths, *extra):
+    args = ["generate", "Tell me about lighthouses.", "--target", str(model_paths[0]), "--draft",
+            str(model_paths[1]), "--max-tokens", "16", "--temperature", "0", "--json", *extra]
+    r = subprocess.run(CLI + args, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_generate_starts_warm_from_the_second_run(model_paths, warm_cache):
+    assert _generate(model_paths)["warm_start"] is False
+    files = list((warm_cache / "controller").glob("*.json"))
+    assert len(files) == 1
+    second = _generate(model_paths)
+    assert second["warm_start"] is True
+    assert _generate(model_paths, "--no-warm-start")["warm_start"] is False
+
+
+def test_doctor_shows_and_forgets_the_record(model_paths, warm_cache):
+    _generate(model_paths)
+    args = ["doctor", "--target", str(model_paths[0]), "--draft", str(model_paths[1]), "--seconds", "0", "--json"]
+    run = lambda *x: subprocess.run(CLI + args + list(x), capture_output=True, text=True, timeout=300)  # noqa: E731
+    shown = json.loads(run().stdout)["warm_start"]
+    assert shown["usable"] and "model" in shown["drafters"]
+    gone = json.loads(run("--forget").stdout)["warm_start"]
+    assert gone["forgotten"] and not gone["exists"]
+    assert not list((warm_cache / "controller").glob("*.json"))
