@@ -25,6 +25,8 @@ import numpy as np
 from .config import SamplingConfig
 
 BLOCK = 1024          # dense rows are summed in blocks: Z, and two short cumsums to sample
+_PY_MAX = 48          # sets up to this size are handled in plain Python: right after a decode each
+                      # numpy call costs ~10 µs of cold caches, a short list loop much less
 _NEAR = 8.0           # first look for top-k / nucleus candidates this far below the max logit
 _TINY_T = 1e-20       # below this temperature float32 scaling overflows; the limit is the argmax
 
@@ -37,13 +39,14 @@ class Sparse:
     """A distribution over a few token ids: weights (normalised for processed rows, unnormalised
     for residuals) in float64, every weight > 0 except in residuals."""
 
-    __slots__ = ("ids", "weights", "_total", "_order")
+    __slots__ = ("ids", "weights", "_total", "_order", "_lists")
 
     def __init__(self, ids: np.ndarray, weights: np.ndarray):
         self.ids = ids
         self.weights = weights
         self._total: float | None = None
         self._order: np.ndarray | None = None
+        self._lists: tuple[list, list] | None = None
 
     @property
     def total(self) -> float:
@@ -51,7 +54,15 @@ class Sparse:
             self._total = float(self.weights.sum())
         return self._total
 
+    def _as_lists(self) -> tuple[list, list]:
+        if self._lists is None:
+            self._lists = (self.ids.tolist(), self.weights.tolist())
+        return self._lists
+
     def prob(self, x: int) -> float:
+        if len(self.ids) <= _PY_MAX:  # a list scan beats two numpy calls on a few dozen ids
+            ids, weights = self._as_lists()
+            return weights[ids.index(x)] / self.total if x in ids else 0.0
         hit = np.flatnonzero(self.ids == x)
         return float(self.weights[hit[0]]) / self.total if len(hit) else 0.0
 
@@ -64,6 +75,15 @@ class Sparse:
         return np.where(found, self.weights[self._order[j]], 0.0) / self.total
 
     def sample(self, rng: np.random.Generator) -> int:
+        if len(self.ids) <= _PY_MAX:
+            ids, weights = self._as_lists()
+            u = rng.random() * math.fsum(weights)
+            acc = 0.0
+            for i, w in zip(ids, weights):
+                acc += w
+                if u < acc:
+                    return i
+            return ids[max(j for j, w in enumerate(weights) if w > 0)]  # u rounded onto the end
         cdf = np.cumsum(self.weights)
         u = rng.random() * cdf[-1]
         j = int(np.searchsorted(cdf, u, side="right"))
@@ -175,25 +195,49 @@ def _max(row: np.ndarray) -> float:
     return m
 
 
+class Sampler:
+    """Turns rows of logits into distributions under one config."""
+
+    def __init__(self, cfg: SamplingConfig):
+        self.cfg = cfg
+
+    def __call__(self, row: np.ndarray) -> Dist:
+        """The processed next-token distribution of one float32 row of logits (read in place)."""
+        cfg = self.cfg
+        row = np.asarray(row, dtype=np.float32)
+        if cfg.greedy:
+            return Sparse(np.array([int(row.argmax())]), np.ones(1))
+        top_k = cfg.top_k if 0 < cfg.top_k < len(row) else 0
+        total = None  # the mass top-p reads, relative to exp(max); None = the candidates' own
+        if top_k:
+            # top-p reads the mass of the whole top-k set, below min-p's floor too
+            depth = _NEAR if cfg.top_p < 1.0 or cfg.min_p == 0.0 else min(_NEAR, -_log(cfg.min_p))
+            ids, vals, m = self._near(row, depth)
+            if len(ids) < top_k and (cfg.top_p < 1.0 or depth < -_log(cfg.min_p)):
+                ids, vals = _top_k_wide(row, m, top_k)
+            elif len(ids) > top_k:
+                kth = np.partition(vals, len(vals) - top_k)[len(vals) - top_k]
+                keep = vals >= kth
+                ids, vals = ids[keep], vals[keep]
+        elif cfg.top_p < 1.0:
+            ids, vals, m = self._near(row, min(_NUCLEUS_DEPTHS[0], -_log(cfg.min_p)))
+            ids, vals, total = _nucleus_candidates(row, m, cfg.top_p, m + _log(cfg.min_p), ids, vals)
+        elif cfg.min_p > 0.0:
+            ids, vals, m = self._near(row, -_log(cfg.min_p))
+        else:
+            return _dense(row, _max(row), cfg.temperature)
+        return _truncated(ids, vals, m, cfg, total)
+
+    def _near(self, row: np.ndarray, depth: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """(ids, logits, max) of every token whose logit is within `depth` of the row's max."""
+        m = _max(row)
+        ids = np.flatnonzero(row >= np.float32(m - depth))
+        return ids, row[ids], m
+
+
 def distribution(row: np.ndarray, cfg: SamplingConfig) -> Dist:
     """The processed next-token distribution of one float32 row of logits (read in place)."""
-    row = np.asarray(row, dtype=np.float32)
-    if cfg.greedy:
-        return Sparse(np.array([int(row.argmax())]), np.ones(1))
-    m = _max(row)
-    top_k = cfg.top_k if 0 < cfg.top_k < len(row) else 0
-    total = None  # mass of the distribution top-p reads, relative to exp(max): None = of the candidates
-    if top_k:
-        # top-p reads the mass of the whole top-k set, below min-p's floor too
-        ids, vals = _top_k(row, m, top_k, -math.inf if cfg.top_p < 1.0 else m + _log(cfg.min_p))
-    elif cfg.top_p < 1.0:
-        ids, vals, total = _nucleus_candidates(row, m, cfg.top_p, m + _log(cfg.min_p))
-    elif cfg.min_p > 0.0:
-        ids = np.flatnonzero(row >= np.float32(m + _log(cfg.min_p)))
-        vals = row[ids]
-    else:
-        return _dense(row, m, cfg.temperature)
-    return _truncated(ids, vals, m, cfg, total)
+    return Sampler(cfg)(row)
 
 
 def _log(min_p: float) -> float:
@@ -201,29 +245,58 @@ def _log(min_p: float) -> float:
 
 
 def _truncated(ids: np.ndarray, vals: np.ndarray, m: float, cfg: SamplingConfig, total: float | None) -> Sparse:
-    """The kept prefix of candidates that hold every token top-k keeps (or the nucleus): sorted
-    once, then top-p and min-p are two searches on it, and the temperature applies to what stays."""
-    order = np.argsort(vals)[::-1] if len(vals) > 1 else np.zeros(len(vals), dtype=np.intp)
-    ids = ids[order]
-    x = vals[order].astype(np.float64) - m        # descending, x[0] = 0
-    n = len(x)
-    if cfg.min_p > 0.0:
-        n = int(np.searchsorted(-x, -math.log(cfg.min_p), side="right"))
-    w = None
+    """What top-p and min-p keep of candidates that hold every token top-k keeps (or the nucleus),
+    with the temperature applied to it. Only top-p needs an order, and only of the values: a
+    (SIMD) sort of the candidates' logits finds its cut; the kept ids stay in candidate order."""
+    if len(vals) <= _PY_MAX:
+        return _truncated_small(ids, vals, m, cfg, total)
+    x = vals.astype(np.float64) - m
+    keep = x >= math.log(cfg.min_p) if cfg.min_p > 0.0 else None
     if cfg.top_p < 1.0:
-        w = np.exp(x)
+        desc = np.sort(x)[::-1]
+        w = np.exp(desc)
         before = np.cumsum(w)
         before -= w
         limit = cfg.top_p * (float(before[-1] + w[-1]) if total is None else total)
         last = max(int(np.searchsorted(before, limit, side="left")) - 1, 0)
-        n = min(n, int(np.searchsorted(-x, -x[last], side="right")))  # with the cut's ties
-    x = x[:n]
-    if cfg.temperature == 1.0 and w is not None:
-        p = w[:n].copy()
-    else:
-        p = np.exp(x / cfg.temperature)  # float64: even t = 1e-38 leaves exp(0) = 1 at the top
+        above = x >= desc[last]   # with the cut's ties
+        keep = above if keep is None else keep & above
+    if keep is not None:
+        ids, x = ids[keep], x[keep]
+    p = np.exp(x / cfg.temperature)  # float64: even t = 1e-38 leaves exp(0) = 1 at the top
     p /= p.sum()
-    return Sparse(ids[:n], p)
+    return Sparse(ids, p)
+
+
+def _truncated_small(ids: np.ndarray, vals: np.ndarray, m: float, cfg: SamplingConfig,
+                     total: float | None) -> Sparse:
+    """`_truncated` for a few dozen candidates, in Python floats (the same float64 arithmetic):
+    right after a decode each numpy call costs ~10 µs of cold caches, a list loop much less."""
+    pairs = sorted(zip(vals.tolist(), ids.tolist()), reverse=True)
+    x = [v - m for v, _ in pairs]   # descending, x[0] = 0
+    n = len(x)
+    if cfg.min_p > 0.0:
+        floor = math.log(cfg.min_p)
+        n = next((j for j, xj in enumerate(x) if xj < floor), n)
+    w = None
+    if cfg.top_p < 1.0:
+        w = [math.exp(xj) for xj in x]
+        limit = cfg.top_p * (math.fsum(w) if total is None else total)
+        before, last = 0.0, 0
+        for j, wj in enumerate(w):
+            if before >= limit:
+                break
+            last = j
+            before += wj
+        cut = x[last]
+        n = min(n, next((j for j in range(last + 1, len(x)) if x[j] < cut), len(x)))  # the cut's ties
+    if cfg.temperature == 1.0 and w is not None:
+        p = w[:n]
+    else:
+        t = cfg.temperature
+        p = [math.exp(xj / t) for xj in x[:n]]
+    z = math.fsum(p)
+    return Sparse(np.array([i for _, i in pairs[:n]]), np.array([pj / z for pj in p]))
 
 
 def _dense(row: np.ndarray, m: float, t: float) -> Dense:
@@ -236,58 +309,50 @@ def _dense(row: np.ndarray, m: float, t: float) -> Dense:
     return Dense(w)
 
 
-def _top_k(row: np.ndarray, m: float, k: int, floor: float) -> tuple[np.ndarray, np.ndarray]:
-    """Every token whose logit is at least the k-th largest, and their logits, searched among the
-    tokens near the max (real rows have their top 40 within a few units of it), widening only when
-    fewer than k are there. Tokens below `floor` are not needed (min-p drops them)."""
-    near = min(_NEAR, m - floor)
-    while True:
+def _top_k_wide(row: np.ndarray, m: float, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every token whose logit is at least the k-th largest, when fewer than k are near the max:
+    widen the search, and partition the whole row only for a very peaked one."""
+    near = 2 * _NEAR
+    while near <= 8 * _NEAR:
         ids = np.flatnonzero(row >= np.float32(m - near))
-        if len(ids) >= k or near >= m - floor:
-            break
-        if near >= 8 * _NEAR:  # a very peaked row: partition the whole vocabulary
-            kth = np.partition(row, len(row) - k)[len(row) - k]
-            ids = np.flatnonzero(row >= kth)
-            return ids, row[ids]
-        near = min(near * 2, m - floor)
-    vals = row[ids]
-    if len(ids) > k:
-        kth = np.partition(vals, len(vals) - k)[len(vals) - k]
-        keep = vals >= kth
-        ids, vals = ids[keep], vals[keep]
-    return ids, vals
+        if len(ids) >= k:
+            vals = row[ids]
+            kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+            keep = vals >= kth
+            return ids[keep], vals[keep]
+        near *= 2
+    kth = np.partition(row, len(row) - k)[len(row) - k]
+    ids = np.flatnonzero(row >= kth)
+    return ids, row[ids]
 
 
 # How far below the max the nucleus search looks, in turn. Real rows at top-p 0.95 end their
-# nucleus 5-9 units below it (Gemma-3-270M, T = 1): 12 units hold it nearly always, in a few
-# thousand tokens; each further try is one more pass over the row.
-_NUCLEUS_DEPTHS = (12.0, 20.0, math.inf)
-# Candidate sets larger than this are cut to the nucleus by sorting values (SIMD-fast in numpy)
-# before the argsort that orders the kept prefix (which is not).
-_ARGSORT_MAX = 2048
+# nucleus 5-9 units below it (Gemma-3-270M, T = 1): 10 units hold it nearly always, in a few
+# thousand tokens (the count grows ~3x per 2 units); each further try is one more pass.
+_NUCLEUS_DEPTHS = (10.0, 16.0, math.inf)
 
 
-def _nucleus_candidates(row: np.ndarray, m: float, top_p: float, floor: float):
-    """Top-p over the whole vocabulary: one float32 exp pass for the mass, then candidates near the
-    max, widened until they hold top_p of it. Returns (ids, logits, mass) where the ids hold the
-    nucleus, or the min-p set when the nucleus reaches below min-p's floor."""
-    w = np.subtract(row, np.float32(m))
-    np.exp(w, out=w)
-    total = float(_block_sums(w).sum())
+def _nucleus_candidates(row: np.ndarray, m: float, top_p: float, floor: float, ids: np.ndarray,
+                        vals: np.ndarray):
+    """Top-p over the whole vocabulary: one float32 exp pass for the mass, then the candidates near
+    the max (`ids`, `vals`: those within the first depth), widened until they hold top_p of it.
+    Returns (ids, logits, mass) where the ids hold the nucleus, or the min-p set when the
+    nucleus reaches below min-p's floor; the mass is relative to exp(max)."""
+    if m < 80.0:   # exp(logit) itself cannot overflow float32: one pass, no subtraction first
+        w, scale = np.exp(row), math.exp(-m)
+    else:
+        w, scale = np.exp(row - np.float32(m)), 1.0
+    # float64 accumulation: a float32 sum's ~1e-7 error moves top-p 0.999 cuts by whole tokens
+    total = float(w.sum(dtype=np.float64)) * scale
     need = top_p * total
-    for near in _NUCLEUS_DEPTHS:
+    for i, near in enumerate(_NUCLEUS_DEPTHS):
         near = min(near, m - floor)
-        ids = np.flatnonzero(row >= np.float32(m - near)) if math.isfinite(near) else np.arange(len(row))
-        mass = float(w[ids].sum(dtype=np.float64))
+        if i:
+            ids = np.flatnonzero(row >= np.float32(m - near)) if math.isfinite(near) else np.arange(len(row))
+            vals = row[ids]
+        mass = float(w[ids].sum(dtype=np.float64)) * scale
         if mass >= need or near >= m - floor:
             break
-    vals = row[ids]
-    if mass >= need and len(ids) > _ARGSORT_MAX:
-        desc = np.sort(vals)[::-1]
-        cum = np.cumsum(np.exp(desc.astype(np.float64) - m))
-        cut = desc[min(int(np.searchsorted(cum, need, side="left")), len(desc) - 1)]
-        keep = vals >= cut
-        ids, vals = ids[keep], vals[keep]
     return ids, vals, total
 
 
@@ -299,15 +364,15 @@ class Rows:
 
     The acceptance rule stops at the first rejection, so rows after it are never processed."""
 
-    def __init__(self, logits: np.ndarray, cfg: SamplingConfig):
+    def __init__(self, logits: np.ndarray, sampler: Sampler | SamplingConfig):
         self._logits = logits
-        self._cfg = cfg
+        self._sampler = sampler if isinstance(sampler, Sampler) else Sampler(sampler)
         self._done: dict[int, Dist] = {}
 
     def __getitem__(self, i: int) -> Dist:
         got = self._done.get(i)
         if got is None:
-            got = self._done[i] = distribution(self._logits[i], self._cfg)
+            got = self._done[i] = self._sampler(self._logits[i])
         return got
 
     def __len__(self) -> int:
