@@ -91,12 +91,16 @@ class KController:
         self._probing = False
         self._streak = 0           # probes in a row fully accepted against the odds
         self._hold = 0             # plain steps left before plain-vs-speculation is re-decided
+        self._in_sync = False      # this step's drafter would draft without catching up first
         self.last_k: int | None = None
 
     # ---- choosing -------------------------------------------------------------------------
-    def choose(self, limit: int | None = None) -> int:
-        """k for the next step, 0 <= k <= min(k_max, limit)."""
+    def choose(self, limit: int | None = None, in_sync: bool = False) -> int:
+        """k for the next step, 0 <= k <= min(k_max, limit). `in_sync`: the drafter has seen the
+        text up to now (a new prompt or turn, just after drafting), so a probe now would not pay
+        for a catch-up."""
         cap = self.k_max if limit is None else max(0, min(self.k_max, limit))
+        self._in_sync = in_sync
         self._probing = False
         if self.fixed_k is not None:
             k = min(self.fixed_k, cap)
@@ -153,7 +157,8 @@ class KController:
         every = int(np.clip(round(loss / PROBE_OVERHEAD), PROBE_MIN, PROBE_MAX))
         # A draft model that sat out plain steps must first re-read what it missed; that price
         # does not shrink with rarer probes, so it alone sets a floor on their spacing.
-        every += round((self._resume or 0.0) / seconds[0] / RESUME_OVERHEAD)
+        if not self._in_sync:  # a drafter in step with the text probes without a catch-up
+            every += round((self._resume or 0.0) / seconds[0] / RESUME_OVERHEAD)
         self._probe_every = max(every >> self._streak, PROBE_MIN)
         self._since_probe += 1
         if self._since_probe < self._probe_every:

@@ -15,7 +15,7 @@ import numpy as np
 from .acceptance import accept_greedy, accept_sampled
 from .config import DecodeConfig, SamplingConfig
 from .controller import KController
-from .drafters import Drafter
+from .drafters import SYNC_LAG, Drafter
 from .sampling import Argmax, Rows, Sampler
 
 
@@ -82,7 +82,8 @@ def generate_steps(
             k = 0
             if drafter is not None and room > 0:
                 limit = drafter.limit(context, min(decode.k_max, room))
-                k = controller.choose(room if limit is None else min(limit, room))
+                in_sync = drafter.lag(context) <= SYNC_LAG
+                k = controller.choose(room if limit is None else min(limit, room), in_sync=in_sync)
             draft = drafter.propose(context, k, sampling, rng) if k > 0 else None
             drafted = draft.tokens if draft else []
             t1 = time.perf_counter()
@@ -115,7 +116,8 @@ def generate_steps(
             if drafter is not None and k > 0:
                 drafter.feedback(len(drafted), n_acc)
             catchup = draft.t_catchup if draft else 0.0
-            controller.observe(k, len(drafted), n_acc, t1 - t0 - catchup, t2 - t1, catchup)
+            # The price of verifying b tokens includes turning their b rows into the decision.
+            controller.observe(k, len(drafted), n_acc, t1 - t0 - catchup, time.perf_counter() - t1, catchup)
             t3 = time.perf_counter()
             yield Step(
                 tokens=tuple(emitted),

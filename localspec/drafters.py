@@ -19,6 +19,11 @@ from .prefix import common_prefix
 from .sampling import Dist, Sampler
 
 
+# A drafter at most this many tokens behind the text catches up in the first draft decode, at about
+# its usual price; further behind, the catch-up is a resume cost of its own (KController prices it).
+SYNC_LAG = 4
+
+
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]
@@ -42,6 +47,9 @@ class Drafter(Protocol):
         """Called once after the prompt is known, so its cost counts as prefill, not drafting."""
 
     def limit(self, context: Sequence[int], k_max: int) -> int | None: ...
+
+    def lag(self, context: Sequence[int]) -> int:
+        """Tokens of `context` the drafter would have to read before drafting (0 = in step)."""
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
@@ -81,6 +89,11 @@ class ModelDrafter:
     def limit(self, context: Sequence[int], k_max: int) -> int | None:
         return None
 
+    def lag(self, context: Sequence[int]) -> int:
+        # The cache holds a prefix of context[offset:] plus at most a rejected tail (never longer
+        # than one draft), so this counts what a proposal would first have to feed.
+        return max(len(context) - self.offset - len(self.model.tokens), 0)
+
     def propose(self, context, k, sampling, rng) -> Draft:
         m = self.model
         view = context[self.offset :]
@@ -93,7 +106,7 @@ class ModelDrafter:
         logits = m.eval(view[keep:], logits_from=-1)
         # Usually 1-2 unseen tokens (the target's last token, maybe the last draft); more means it
         # sat out plain steps and had to catch up.
-        catchup = time.perf_counter() - start if len(view) - keep > 2 else 0.0
+        catchup = time.perf_counter() - start if len(view) - keep > SYNC_LAG else 0.0
         tokens: list[int] = []
         rows: list[Dist] = []
         host = 0.0
@@ -170,6 +183,9 @@ class PromptLookup:
                 self._candidate = list(context[end + 1 : end + 1 + min(k_max, length)])
                 break
         return len(self._candidate)
+
+    def lag(self, context: Sequence[int]) -> int:
+        return 0  # the index is brought up to date for free
 
     def propose(self, context, k, sampling, rng) -> Draft:
         if not self._candidate:

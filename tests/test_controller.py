@@ -406,3 +406,15 @@ def test_learned_state_is_json_and_a_fixed_k_ignores_nothing_it_needs():
     assert 0 < learned["alpha"] < 1 and learned["draft_cost"] > 0 and "1" in learned["verify"]
     fixed = _warm(learned, fixed_k=3)
     assert fixed.choose() == 3
+
+
+def test_near_break_even_does_not_flap_into_losing_speculation():
+    """Drafting a token costs 80% of a plain step: at alpha 0.97 speculation is ~5% behind at
+    best. The controller stays plain but for probes, and those cost under 3%."""
+    def verify(b):
+        return (10.0 if b == 1 else 17.5 + 0.75 * (b - 1)) * MS
+    ctrl = KController(k_max=12)
+    ks = simulate(ctrl, np.random.default_rng(0), 600, lambda s, p: 0.97, verify, 8.1 * MS)
+    rates = [0.97] * 12
+    assert realised_vs_plain(ks, rates, 8.1 * MS, verify) >= 0.97
+    assert np.mean(np.array(ks[100:]) > 0) < 0.1

@@ -218,7 +218,7 @@ class _Bursts:
     def __init__(self):
         self.n = 0
 
-    def choose(self, limit=None):
+    def choose(self, limit=None, in_sync=False):
         self.n += 1
         return 4 if self.n % 12 == 0 else 0
 
