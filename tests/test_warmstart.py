@@ -53,7 +53,9 @@ def test_saved_record_warms_the_next_controller(pair):
     c = KController(8)
     assert warmstart.load_into(c, pair, "model", 0.0)
     assert c.draft_cost == pytest.approx(_trained().draft_cost)
-    assert c.choose() > 0 and c.alpha is None   # warm, but α is reported from this run's data only
+    assert c.choose() == 0                       # the plain cost is measured afresh first,
+    c.observe(0, 0, 0, 0.0, 0.010)
+    assert c.choose() > 0 and c.alpha is None   # then no start-up probing; α is this run's only
 
 
 def test_alpha_is_kept_per_drafter_and_temperature_band(pair):
