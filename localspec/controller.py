@@ -83,6 +83,7 @@ class KController:
         self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # verify_cost(1..k_max+1), refitted lazily
         self._draft: float | None = None           # seconds per drafted token
+        self._draft_prior = False                  # _draft is a warm start's, not timed here
         self._resume: float | None = None          # seconds a drafter paid to catch up after plain steps
         self._steps = self._draft_steps = self._spec_steps = 0
         self._since_plain = 0      # steps since t_verify(1) was last measured
@@ -208,7 +209,13 @@ class KController:
             # it. Costs drift as the context grows, most for a size timed long ago (t_verify(1)
             # while speculating), so a stale size's new timing counts half.
             last, n = self._timed.get(b, (self._steps, 0))
-            if b in self._prior:   # a warm start's guess gives way to the first timing made here
+            if b in self._prior:
+                # A warm start's timing gives way to the first one made here, and the machine's
+                # speed now (it drifts between runs) rescales the sizes not timed yet: the record
+                # keeps its shape, this run sets its level.
+                ratio = min(max(t_verify / self._verify[b], 0.5), 2.0)
+                for other in self._prior - {b}:
+                    self._verify[other] *= ratio
                 self._verify[b] = t_verify
                 n = 0
             elif n == 1 and t_verify < self._verify[b]:
@@ -226,7 +233,10 @@ class KController:
         if np.isfinite(t_resume) and t_resume > 0:
             self._resume = _ewma(self._resume, t_resume, COST_WEIGHT)
         if np.isfinite(t_draft) and t_draft >= 0:
-            self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
+            if self._draft_prior:  # the first drafting timing here replaces the recorded one
+                self._draft, self._draft_prior = t_draft / n_drafted, False
+            else:
+                self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
         if self._probing:
             against_odds = np.prod(self._rates(n_drafted)) < 0.5 and n_accepted == n_drafted
             self._streak = self._streak + 1 if against_odds else 0
@@ -341,9 +351,9 @@ class KController:
     def warm_start(self, verify: dict[int, float] | None = None, draft_cost: float | None = None,
                    resume_cost: float | None = None, alpha: float | None = None,
                    by_position: list[float | None] | None = None) -> None:
-        """Start from what an earlier run measured instead of from nothing: costs until the size
-        is timed here (the first timing replaces the recorded one), acceptance as a few
-        pseudo-trials. With a draft cost and an alpha the start-up measuring steps are
+        """Start from what an earlier run measured instead of from nothing: costs until they are
+        timed here (the first timing replaces the recorded one and rescales the other recorded
+        sizes), acceptance as a few pseudo-trials. With a draft cost and an alpha the start-up measuring steps are
         skipped: the first step already drafts the k those predict, or decodes plainly."""
         for b, t in (verify or {}).items():
             if b >= 1 and t > 0:
@@ -351,7 +361,7 @@ class KController:
                 self._prior.add(b)
         self._curve = None
         if draft_cost is not None and draft_cost >= 0:
-            self._draft = draft_cost
+            self._draft, self._draft_prior = draft_cost, True
         if resume_cost is not None and resume_cost >= 0:
             self._resume = resume_cost
         if alpha is not None:

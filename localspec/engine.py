@@ -191,6 +191,7 @@ class Model:
             b.seq_id[i][0] = 0
         self.tokens: list[int] = []
         self._pieces: dict[int, bytes] = {}
+        self._views: dict[tuple[int, int], np.ndarray] = {}
         self.bos = C.llama_vocab_bos(self._vocab)
         self.eos = C.llama_vocab_eos(self._vocab)
         self.eot = C.llama_vocab_eot(self._vocab)
@@ -235,7 +236,14 @@ class Model:
         if rows == 0:
             return None
         ptr = C.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        # A numpy view costs ~10 µs to make; llama.cpp keeps its buffer until it must grow it.
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, rows)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return view
 
     def truncate(self, n: int) -> None:
         """Keep the first n tokens of the cache, remove the rest."""

@@ -424,3 +424,18 @@ def test_near_break_even_does_not_flap_into_losing_speculation():
     rates = [0.97] * 12
     assert realised_vs_plain(ks, rates, 8.1 * MS, verify) >= 0.97
     assert np.mean(np.array(ks[100:]) > 0) < 0.1
+
+
+def test_a_warm_start_from_a_slower_moment_is_rescaled_by_the_first_timing():
+    """The machine ran 30% slower when the record was written: the first plain timing here sets
+    the level of every recorded size, so the recorded shape is kept at today's speed."""
+    learned = _learned_on(lambda i: 0.9, 2 * MS, cpu_verify, steps=200)
+    warm = _warm(learned)
+    recorded = {int(b): t for b, t in learned["verify"].items()}
+    before = [warm.verify_cost(b) for b in range(1, 14)]
+    assert warm.choose() == 0
+    warm.observe(0, 0, 0, 0.0, recorded[1] / 1.3)
+    after = [warm.verify_cost(b) for b in range(1, 14)]
+    np.testing.assert_allclose(after, np.array(before) / 1.3, rtol=1e-9)
+    warm.observe(4, 4, 4, 4 * 0.5 * MS, cpu_verify(5))   # the draft is faster today too
+    assert warm.draft_cost == pytest.approx(0.5 * MS)        # replaced, not averaged in
