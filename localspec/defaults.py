@@ -114,16 +114,21 @@ def default_draft_path(notice: Notice = _stderr) -> Path:
     return cached if cached.is_file() else _fetch_draft(cached, notice)
 
 
-def default_target_path(notice: Notice = _stderr) -> Path:
-    """An F32 copy of the default draft, made once into the cache with llama.cpp's quantize API."""
-    dest = cache_dir() / TARGET_FILE
+def _requantized(name: str, ftype: str, source: Callable[[], Path], notice: Notice, what: str) -> Path:
+    """`name` in the cache: `source()` re-encoded as `ftype`, made once with llama.cpp's quantize API."""
+    dest = cache_dir() / name
     if not dest.is_file():
         from .engine import quantize
 
-        source = default_draft_path(notice)
-        notice(f"localspec: making the default target once: {TARGET_FILE} (F32 copy of the Q4_1 model) in {dest.parent}…")
-        quantize(source, dest, "F32")
+        src = source()
+        notice(f"localspec: making {what} once: {name} ({ftype} copy of {src.name}) in {dest.parent}…")
+        quantize(src, dest, ftype)
     return dest
+
+
+def default_target_path(notice: Notice = _stderr) -> Path:
+    """An F32 copy of the default draft, made once into the cache with llama.cpp's quantize API."""
+    return _requantized(TARGET_FILE, "F32", lambda: default_draft_path(notice), notice, "the default target")
 
 
 # -- a large-vocabulary pair: Gemma-3-270M (262,144 tokens) ------------------------------------
@@ -170,11 +175,4 @@ def gemma_draft_path(notice: Notice = _stderr) -> Path:
 
 def gemma_target_path(notice: Notice = _stderr) -> Path:
     """An F16 copy of Gemma-3-270M Q4_K_M, made once into the cache."""
-    dest = cache_dir() / GEMMA_F16_FILE
-    if not dest.is_file():
-        from .engine import quantize
-
-        source = gemma_draft_path(notice)
-        notice(f"localspec: making {GEMMA_F16_FILE} once (F16 copy of {GEMMA_FILE}) in {dest.parent}…")
-        quantize(source, dest, "F16")
-    return dest
+    return _requantized(GEMMA_F16_FILE, "F16", lambda: gemma_draft_path(notice), notice, "the Gemma target")
