@@ -1,7 +1,7 @@
 """Adaptive draft length: pick the k that maximises expected tokens per second.
 
-A step drafts k tokens (k * t_draft s) and verifies them in one target decode of b = k + 1 tokens
-(t_verify(b) s), yielding E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j tokens for per-position acceptance
+A step drafts k tokens (t_draft(k) = base + k * slope s) and verifies them in one target decode of
+b = k + 1 tokens (t_verify(b) s), yielding E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j tokens for per-position acceptance
 rates a_j. k = 0 is plain decoding. Rates and costs are learned online from the decoder's reports:
 on a CPU t_verify grows with b, on a GPU it is nearly flat, and acceptance changes with the text.
 """
@@ -82,8 +82,11 @@ class KController:
         self._prior: set[int] = set()              # sizes known only from a warm start
         self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # verify_cost(1..k_max+1), refitted lazily
-        self._draft: float | None = None           # seconds per drafted token
+        self._draft: float | None = None           # seconds per drafted token (EWMA)
         self._draft_prior = False                  # _draft is a warm start's, not timed here
+        self._draft_by_n: dict[int, float] = {}    # n drafted -> EWMA seconds of that drafting
+        self._draft_count: dict[int, int] = {}     # n -> how often timed here
+        self._draft_line: np.ndarray | None = None  # (base, slope), refitted lazily
         self._resume: float | None = None          # seconds a drafter paid to catch up after plain steps
         self._steps = self._draft_steps = self._spec_steps = 0
         self._since_plain = 0      # steps since t_verify(1) was last measured
@@ -183,11 +186,35 @@ class KController:
     def _estimates(self, k_top: int, optimism: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """Expected tokens and seconds of one step for k = 0..k_top."""
         tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(self._rates(k_top, optimism)))))
-        if self._draft is not None:
-            draft = self._draft
-        else:  # no draft timed yet: lookup is ~free; a draft model is guessed at a plain step
-            draft = 0.0 if self.draft_cost_free else self._fitted()[0]
-        return tokens, np.arange(k_top + 1) * draft + self._fitted()[:k_top + 1]
+        return tokens, self._draft_seconds(k_top) + self._fitted()[:k_top + 1]
+
+    def _draft_seconds(self, k_top: int) -> np.ndarray:
+        """Seconds of drafting k = 0..k_top tokens: base + slope·k for k >= 1.
+
+        A drafting step has a fixed part: a draft whose tokens were all accepted must first read
+        its last token and the target's bonus token, two rows in one decode, which on a CPU costs
+        about two single-token decodes. Priced per token, that part would make long drafts look
+        dearer than they are. Once two draft lengths are timed a line is fitted (weighted like
+        the verify curve), its base held between 0 and two tokens' worth."""
+        ks = np.arange(k_top + 1, dtype=float)
+        if self._draft is None:  # nothing timed yet: lookup is ~free; a model guessed at a plain step
+            return ks * (0.0 if self.draft_cost_free else self._fitted()[0])
+        if len(self._draft_by_n) < 2:
+            return ks * self._draft
+        if self._draft_line is None:
+            ns = np.array(sorted(self._draft_by_n), dtype=float)
+            ts = np.array([self._draft_by_n[int(n)] for n in ns])
+            w = np.sqrt([min(self._draft_count.get(int(n), 1), 16) for n in ns])
+            slope, base = np.polyfit(ns, ts, 1, w=w)
+            slope = max(float(slope), 0.0)
+            if slope == 0.0:
+                slope, base = float(np.average(ts / ns, weights=w)), 0.0
+            base = min(max(float(base), 0.0), 2 * slope)
+            self._draft_line = np.array([base, slope])
+        base, slope = self._draft_line
+        out = base + slope * ks
+        out[0] = 0.0
+        return out
 
     def _throughput(self, k_top: int) -> np.ndarray:
         """Estimated tokens per second for k = 0..k_top."""
@@ -233,10 +260,18 @@ class KController:
         if np.isfinite(t_resume) and t_resume > 0:
             self._resume = _ewma(self._resume, t_resume, COST_WEIGHT)
         if np.isfinite(t_draft) and t_draft >= 0:
-            if self._draft_prior:  # the first drafting timing here replaces the recorded one
+            if self._draft_prior:
+                # The first drafting timed here replaces the record's, and rescales its lengths.
+                old = self._draft_by_n.get(n_drafted, self._draft * n_drafted)
+                ratio = min(max(t_draft / old, 0.5), 2.0) if old > 0 else 1.0
+                self._draft_by_n = {n: t * ratio for n, t in self._draft_by_n.items()}
+                self._draft_by_n[n_drafted] = t_draft
                 self._draft, self._draft_prior = t_draft / n_drafted, False
             else:
                 self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
+                self._draft_by_n[n_drafted] = _ewma(self._draft_by_n.get(n_drafted), t_draft, COST_WEIGHT)
+            self._draft_count[n_drafted] = self._draft_count.get(n_drafted, 0) + 1
+            self._draft_line = None
         if self._probing:
             against_odds = np.prod(self._rates(n_drafted)) < 0.5 and n_accepted == n_drafted
             self._streak = self._streak + 1 if against_odds else 0
@@ -342,6 +377,7 @@ class KController:
         return {
             "verify": {str(b): t for b, t in sorted(self._verify.items())},
             "draft_cost": self._draft,
+            "draft_by_n": {str(n): t for n, t in sorted(self._draft_by_n.items())},
             "resume_cost": self._resume,
             "alpha": self.alpha,
             "by_position": self.acceptance_by_position(),
@@ -350,7 +386,8 @@ class KController:
 
     def warm_start(self, verify: dict[int, float] | None = None, draft_cost: float | None = None,
                    resume_cost: float | None = None, alpha: float | None = None,
-                   by_position: list[float | None] | None = None) -> None:
+                   by_position: list[float | None] | None = None,
+                   draft_by_n: dict[int, float] | None = None) -> None:
         """Start from what an earlier run measured instead of from nothing: costs until they are
         timed here (the first timing replaces the recorded one and rescales the other recorded
         sizes), acceptance as a few pseudo-trials. With a draft cost and an alpha the start-up measuring steps are
@@ -362,6 +399,8 @@ class KController:
         self._curve = None
         if draft_cost is not None and draft_cost >= 0:
             self._draft, self._draft_prior = draft_cost, True
+            self._draft_by_n = {n: t for n, t in (draft_by_n or {}).items() if n >= 1 and t >= 0}
+            self._draft_line = None
         if resume_cost is not None and resume_cost >= 0:
             self._resume = resume_cost
         if alpha is not None:

@@ -135,6 +135,8 @@ def _check(rec: dict) -> None:
         for field in ("draft_cost", "resume_cost"):
             if d.get(field) is not None and not _positive(d[field]):
                 raise ValueError(f"bad {name}.{field}")
+        if not all(n.isdigit() and _positive(t) for n, t in d.get("draft_by_n", {}).items()):
+            raise ValueError(f"bad {name}.draft_by_n")
         for b, a in d.get("alpha", {}).items():
             if not (_positive(a["alpha"]) and a["alpha"] <= 1):
                 raise ValueError(f"bad {name}.alpha.{b}")
@@ -150,7 +152,8 @@ def apply(controller: KController, rec: dict | None, drafter: str, temperature: 
     d = rec["drafters"].get(drafter, {})
     a = d.get("alpha", {}).get(band(temperature))
     controller.warm_start(verify, d.get("draft_cost"), d.get("resume_cost"),
-                          a["alpha"] if a else None, a.get("by_position") if a else None)
+                          a["alpha"] if a else None, a.get("by_position") if a else None,
+                          {int(n): float(t) for n, t in d.get("draft_by_n", {}).items()})
     return bool(verify)
 
 
@@ -175,7 +178,7 @@ def save(controller: KController, session, drafter: str | None, temperature: flo
         return None
     update: dict = {}
     if drafter and drafter != "none":
-        update = {f: learned[f] for f in ("draft_cost", "resume_cost") if learned[f] is not None}
+        update = {f: learned[f] for f in ("draft_cost", "resume_cost", "draft_by_n") if learned[f] is not None}
         if learned["alpha"] is not None:
             update["alpha"] = {band(temperature): {
                 "alpha": learned["alpha"], "by_position": learned["by_position"], "trials": learned["trials"]}}

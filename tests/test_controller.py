@@ -44,7 +44,7 @@ def simulate(ctrl, rng, steps, rate, verify, draft, limit=None, noise=0.05, star
         n_acc = 0
         while n_acc < k and rng.random() < rate(step, n_acc + 1):
             n_acc += 1
-        t_draft = k * draft * (1 + noise * rng.uniform(-1, 1))
+        t_draft = (draft(k) if callable(draft) else k * draft) * (1 + noise * rng.uniform(-1, 1))
         t_verify = verify(k + 1) * (1 + noise * rng.uniform(-1, 1))
         ctrl.observe(k, k, n_acc, t_draft, t_verify)
         ks.append(k)
@@ -54,7 +54,8 @@ def simulate(ctrl, rng, steps, rate, verify, draft, limit=None, noise=0.05, star
 def true_throughput(rates, draft, verify, k_max):
     """Brute force: expected tokens per second for every k in 0..k_max."""
     tokens = [1 + sum(np.prod(rates[:i]) for i in range(1, k + 1)) for k in range(k_max + 1)]
-    seconds = [k * draft + verify(k + 1) for k in range(k_max + 1)]
+    cost = draft if callable(draft) else (lambda k: k * draft)
+    seconds = [(cost(k) if k else 0.0) + verify(k + 1) for k in range(k_max + 1)]
     return np.array(tokens), np.array(seconds)
 
 
@@ -408,7 +409,7 @@ def test_a_wrong_prior_is_overridden_by_fresh_measurements():
 
 def test_learned_state_is_json_and_a_fixed_k_ignores_nothing_it_needs():
     learned = _learned_on(lambda i: 0.8, 2 * MS, cpu_verify, steps=100)
-    assert set(learned) == {"verify", "draft_cost", "resume_cost", "alpha", "by_position", "trials"}
+    assert set(learned) == {"verify", "draft_cost", "draft_by_n", "resume_cost", "alpha", "by_position", "trials"}
     assert 0 < learned["alpha"] < 1 and learned["draft_cost"] > 0 and "1" in learned["verify"]
     fixed = _warm(learned, fixed_k=3)
     assert fixed.choose() == 3
@@ -439,3 +440,19 @@ def test_a_warm_start_from_a_slower_moment_is_rescaled_by_the_first_timing():
     np.testing.assert_allclose(after, np.array(before) / 1.3, rtol=1e-9)
     warm.observe(4, 4, 4, 4 * 0.5 * MS, cpu_verify(5))   # the draft is faster today too
     assert warm.draft_cost == pytest.approx(0.5 * MS)        # replaced, not averaged in
+
+
+def test_a_fixed_part_of_each_drafting_step_is_not_charged_per_token():
+    """On a CPU a fully accepted draft re-reads two tokens in one decode that costs two, so a
+    drafting step costs (k + 1) draft decodes. Priced per token from short drafts, long drafts
+    look dearer than they are; the controller fits base + slope·k and finds the long best k."""
+    def draft(k):
+        return (k + 1) * 6.5 * MS
+    rates = [0.97] * 12
+    verify = linear_verify(0.03)
+    tokens, seconds = true_throughput(rates, draft, verify, 12)
+    thr = tokens / seconds
+    good = set(np.flatnonzero(thr >= 0.97 * thr.max()).tolist())
+    ctrl = KController(k_max=12)
+    ks = simulate(ctrl, np.random.default_rng(8), 500, lambda s, p: 0.97, verify, draft)
+    assert np.mean([k in good for k in ks[250:]]) >= 0.7, (good, np.bincount(ks[250:]))
