@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .sampling import Dist
+from .dists import Dist
 
 
 def accept_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, replace
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -27,15 +27,16 @@ import numpy as np
 
 from . import warmstart
 from .config import ConfigError, DecodeConfig, SamplingConfig
-from .controller import KController, expected_tokens
+from .controller import KController
 from .decoder import Step, generate_steps
 from .machine import load_1min, usable_cpus
-from .stats import RunStats
+from . import bench_report
+from .bench_report import group, run_json, version
 
 SCHEMA = "localspec.bench/1"
 KEYS = {"category": str, "prompt": str, "max_tokens": int, "system": str}
 COMPARE = ("llama-cpp-python",)
-K_MAX = DecodeConfig.k_max  # adaptive variants choose k in 1..K_MAX, as generate does
+K_MAX = bench_report.K_MAX
 WARMUP_TOKENS = 16
 REFERENCE_LOOKUP = 10       # LlamaPromptLookupDecoding's own default num_pred_tokens
 
@@ -241,7 +242,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
     lookup_n = max((k for k in opts.ks if k is not None), default=REFERENCE_LOOKUP)
     try:
         if opts.compare:
-            from .engine import ReferenceModel
+            from .engine.reference import ReferenceModel
 
             for key, n in (("plain", None), ("lookup", lookup_n)):
                 notice(f"localspec: loading llama-cpp-python's Llama ({key}) for --compare…")
@@ -310,185 +311,12 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
             "controller_scope": "suite",
             "warm_start": warmed,
             "load_average": None if load_start is None else [load_start, load_1min()],
-            "localspec_version": _version("localspec"),
-            "llama_cpp_python_version": _version("llama-cpp-python"),
+            "localspec_version": version("localspec"),
+            "llama_cpp_python_version": version("llama-cpp-python"),
         },
-        "categories": {c: _group(runs, variants, {i for i, p in enumerate(prompts) if p.category == c},
+        "categories": {c: group(runs, variants, {i for i, p in enumerate(prompts) if p.category == c},
                                  opts.sampling.greedy) for c in categories},
-        "overall": _group(runs, variants, set(range(len(prompts))), opts.sampling.greedy),
+        "overall": group(runs, variants, set(range(len(prompts))), opts.sampling.greedy),
         "controllers": {key: c.snapshot() for key, c in controllers.items()},
-        "runs": [_run_json(run, prompts) for run in runs],
-    }
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def _local_summary(runs: list[Run]) -> dict:
-    st = RunStats()
-    for run in runs:
-        for s in run.steps:
-            st.add(s)
-    decode = sum(r.decode for r in runs)
-    prefill = sum(r.prefill for r in runs)
-    n_prompt = sum(r.n_prompt for r in runs)
-    lat = st.latency_percentiles()
-    return {
-        "n_runs": len(runs),
-        "n_tokens": st.n_tokens,
-        "n_steps": st.n_steps,
-        "decode_seconds": decode,
-        "tokens_per_second": _ratio(st.n_tokens, decode),
-        "tokens_per_step": st.tokens_per_step,
-        "prefill_seconds": prefill,
-        "n_prompt_tokens": n_prompt,
-        "prefill_tokens_per_second": _ratio(n_prompt, prefill),
-        "latency_ms": {q: None if t is None else 1000 * t for q, t in lat.items()},
-        "time_split": {"draft": st.t_draft, "verify": st.t_verify, "python": st.t_python,
-                       "outside": max(decode - st.seconds, 0.0)},
-        "host": st.host(),
-        "verify_ms_per_step": _ratio(1000 * st.t_verify, st.n_steps),
-        "plain_step_ms": st.plain_step_ms,
-        "n_plain_steps": st.n_plain_steps,
-        "_stats": st,
-    }
-
-
-def _bound(spec: list[Run], plain: list[Run], fixed_k: int | None, k_max: int) -> dict | None:
-    """E(k)·t_plain / (k·t_draft + t_verify(k+1)) from this group's measurements. E(k) = 1 + Σ_{i≤k} s_i
-    with s_i the measured share of drafted position i that was accepted (the controller's model);
-    `speedup_iid` uses E(α,k) = (1 − α^(k+1)) / (1 − α) instead, which assumes independent
-    positions. t_plain = mean plain target pass, t_draft per drafted token, t_verify(b) the mean at
-    each measured batch size (interpolated between them, never extrapolated). A fixed k is evaluated
-    at k (or the longest draft measured, if drafts were always shorter); "auto" at its best k."""
-    t_plain = [s.t_verify for r in plain for s in r.steps]
-    drafting = [s for r in spec for s in r.steps if s.n_drafted]
-    n_drafted = sum(s.n_drafted for s in drafting)
-    if not t_plain or not n_drafted:
-        return None
-    t1 = float(np.mean(t_plain))
-    alpha = sum(s.n_accepted for s in drafting) / n_drafted
-    t_draft = sum(s.t_draft for s in drafting) / n_drafted
-    by_b: dict[int, list[float]] = {}
-    reached = np.zeros(max(s.n_drafted for s in drafting))
-    accepted = np.zeros_like(reached)
-    for s in drafting:
-        by_b.setdefault(s.n_drafted + 1, []).append(s.t_verify)
-        reached[: s.n_drafted] += 1
-        accepted[: s.n_accepted] += 1
-    survive = accepted / reached
-    xs = [1, *sorted(by_b)]
-    ys = [t1, *(float(np.mean(by_b[b])) for b in xs[1:])]
-    top = min(xs[-1] - 1, k_max)
-    ks = [fixed_k if fixed_k in range(1, top + 1) else top] if fixed_k is not None else range(1, top + 1)
-    best = None
-    for k in ks:
-        t_v = float(np.interp(k + 1, xs, ys))
-        cost = (k * t_draft + t_v) / t1
-        e = 1.0 + float(survive[:k].sum())
-        if best is None or e / cost > best["speedup"]:
-            best = {"speedup": e / cost, "speedup_iid": expected_tokens(alpha, k) / cost, "k": k,
-                    "expected_tokens": e, "alpha": alpha, "t_plain_ms": 1000 * t1,
-                    "t_draft_ms": 1000 * t_draft, "t_verify_ms": 1000 * t_v}
-    return best
-
-
-def _median_speedup(spec: list[Run], plain: list[Run]) -> float | None:
-    """Median over prompts (and repeats) of spec t/s ÷ plain t/s of the same prompt: unlike the
-    ratio of totals, one run hit by a burst of other load barely moves it."""
-    rate = lambda r: _ratio(len(r.tokens), r.decode)  # noqa: E731
-    by = {(r.prompt, r.repeat): rate(r) for r in plain}
-    pairs = [_ratio(rate(r), by.get((r.prompt, r.repeat))) for r in spec]
-    pairs = [x for x in pairs if x is not None]
-    return float(np.median(pairs)) if pairs else None
-
-
-def _matches(runs: list[Run], plain_by: dict, greedy: bool) -> float | None:
-    """Fraction of runs whose output equals the plain run of the same prompt (temperature 0 only)."""
-    pairs = [(r.tokens, plain_by.get((r.prompt, r.repeat))) for r in runs]
-    pairs = [(a, b) for a, b in pairs if b is not None]
-    if not greedy or not pairs:
-        return None
-    return sum(a == b for a, b in pairs) / len(pairs)
-
-
-def _group(runs: list[Run], variants: list[Variant], members: set[int], greedy: bool) -> dict:
-    mine = [r for r in runs if r.prompt in members]
-    of = lambda v: [r for r in mine if r.variant == v]  # noqa: E731
-    plain_runs = of(variants[0])
-    plain_by = {(r.prompt, r.repeat): r.tokens for r in plain_runs}
-    plain = _local_summary(plain_runs)
-    spec: dict[str, dict] = {}
-    for v in variants:
-        if v.kind != "spec":
-            continue
-        s = _local_summary(of(v))
-        st: RunStats = s["_stats"]
-        s.update({
-            "k": "auto" if v.k is None else v.k,
-            "alpha": st.alpha,
-            "acceptance_by_position": st.acceptance_by_position(),
-            "mean_accepted": st.mean_accepted,
-            "mean_k": st.k_sum / st.n_steps if st.n_steps else None,
-            "n_drafted": st.n_drafted,
-            "n_accepted": st.n_accepted,
-            "drafting_step_fraction": _ratio(st.drafted_at[0] if st.drafted_at else 0, st.n_steps),
-            "speedup": _ratio(s["tokens_per_second"], plain["tokens_per_second"]),
-            "speedup_median": _median_speedup(of(v), plain_runs),
-            "bound": _bound(of(v), plain_runs, v.k, max(K_MAX, v.k or 0)),
-            "greedy_match": _matches(of(v), plain_by, greedy),
-        })
-        spec[v.key] = s
-    reference = None
-    if any(v.kind == "reference" for v in variants):
-        reference = {}
-        for v in variants:
-            if v.kind != "reference":
-                continue
-            rr = of(v)
-            n = sum(len(r.tokens) for r in rr)
-            decode, prefill = sum(r.decode for r in rr), sum(r.prefill for r in rr)
-            tps = _ratio(n, decode)
-            reference[v.key] = {
-                "n_runs": len(rr),
-                "n_tokens": n,
-                "decode_seconds": decode,
-                "tokens_per_second": tps,
-                "prefill_seconds": prefill,
-                "lookup_tokens": v.k,
-                "greedy_match": _matches(rr, plain_by, greedy),
-                "localspec_speedup": {"plain": _ratio(plain["tokens_per_second"], tps),
-                                      **{key: _ratio(x["tokens_per_second"], tps) for key, x in spec.items()}},
-            }
-    for s in (plain, *spec.values()):
-        del s["_stats"]
-    return {"n_prompts": len({r.prompt for r in plain_runs}), "plain": plain, "spec": spec, "reference": reference}
-
-
-def _run_json(run: Run, prompts: list[BenchPrompt]) -> dict:
-    alpha = None
-    if run.variant.kind == "spec":
-        drafted = sum(s.n_drafted for s in run.steps)
-        alpha = sum(s.n_accepted for s in run.steps) / drafted if drafted else None
-    return {
-        "prompt": run.prompt,
-        "category": prompts[run.prompt].category,
-        "repeat": run.repeat,
-        "variant": run.variant.name,
-        "n_prompt_tokens": run.n_prompt,
-        "n_tokens": len(run.tokens),
-        "n_steps": len(run.steps) if run.steps else None,
-        "prefill_seconds": run.prefill,
-        "decode_seconds": run.decode,
-        "tokens_per_second": _ratio(len(run.tokens), run.decode),
-        "alpha": alpha,
-        "finish": run.finish,
+        "runs": [run_json(run, prompts) for run in runs],
     }

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import secrets
 import sys
-from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import List, NoReturn, Optional
+from typing import List, Optional
 
 import typer
 
 from . import cli_options as o
-from .config import ConfigError, DecodeConfig, SamplingConfig
+from .cli_options import Resolved, fail
+from .config import ConfigError, DecodeConfig
 
 app = typer.Typer(
     name="localspec",
@@ -21,89 +20,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def fail(message: object) -> NoReturn:
-    """One line on stderr, exit code 2: how every bad input ends."""
-    text = " ".join(str(message).split()) or type(message).__name__
-    typer.echo(f"error: {text}", err=True)
-    raise typer.Exit(2)
-
-
-def parse_k(value: str | None) -> int | None:
-    """'auto' (None) or a non-negative integer."""
-    if value is None or value.strip().lower() == "auto":
-        return None
-    try:
-        k = int(value)
-    except ValueError:
-        fail(f"draft tokens (-k) must be a number or 'auto', got {value!r}")
-    if k < 0:
-        fail(f"draft tokens (-k) must be >= 0, got {k}")
-    return k
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """Options after merging: explicit flag > preset > built-in default."""
-
-    load: object
-    sampling: SamplingConfig
-    k: int | None
-
-
-def resolve_options(
-    *,
-    preset: str | None,
-    target: str | None,
-    draft: str | None,
-    drafter: str | None,
-    k: str | None,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    seed: int | None,
-    n_ctx: int | None,
-    threads: int | None,
-    target_gpu_layers: int | None,
-    draft_gpu_layers: int | None,
-) -> Resolved:
-    """Shared by generate, bench and chat so that every command reads options the same way."""
-    from .session import LoadConfig
-
-    base = SamplingConfig()
-    p = None
-    if preset:
-        from .presets import load_preset, resolve_model
-
-        p = load_preset(preset)
-        if target is None:
-            target = str(resolve_model(p.target, preset=p.name))
-        if draft is None and p.draft is not None and (drafter or p.drafter) == "model":
-            draft = str(resolve_model(p.draft, preset=p.name))
-        drafter = drafter or p.drafter
-        base = p.sampling()
-        n_ctx = n_ctx or p.n_ctx
-    pick = lambda given, default: default if given is None else given  # noqa: E731
-    sampling = SamplingConfig(
-        temperature=pick(temperature, base.temperature),
-        top_k=pick(top_k, base.top_k),
-        top_p=pick(top_p, base.top_p),
-        min_p=pick(min_p, base.min_p),
-        seed=seed if seed is not None else secrets.randbits(31),
-    )
-    load = LoadConfig(
-        target=target,
-        draft=draft,
-        drafter=drafter,
-        n_ctx=pick(n_ctx, 4096),
-        threads=threads,
-        target_gpu_layers=pick(target_gpu_layers, -1),
-        draft_gpu_layers=pick(draft_gpu_layers, -1),
-    )
-    k_value = parse_k(k) if k is not None else (p.k if p is not None else None)
-    return Resolved(load, sampling, k_value)
 
 
 def read_prompt(prompt: str) -> str:
@@ -118,26 +34,15 @@ def read_prompt(prompt: str) -> str:
 
 
 @app.command()
+@o.with_options(o.MODELS, o.SAMPLING)
 def generate(
     prompt: str = typer.Argument(..., help="The prompt; '-' reads it from stdin."),
-    target: o.Target = None,
-    draft: o.Draft = None,
-    drafter: o.Drafter = None,
-    k: Optional[str] = typer.Option(None, "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default)."),
-    temperature: o.Temperature = None,
-    top_k: o.TopK = None,
-    top_p: o.TopP = None,
-    min_p: o.MinP = None,
-    seed: o.Seed = None,
-    max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many tokens."),
-    n_ctx: o.NCtx = None,
-    threads: o.Threads = None,
-    target_gpu_layers: o.TargetGpuLayers = None,
-    draft_gpu_layers: o.DraftGpuLayers = None,
-    chat: bool = typer.Option(True, "--chat/--raw", help="Apply the GGUF's chat template (default) or send raw text."),
+    options: dict = None,
+    k: o.DraftTokens = None,
+    max_tokens: o.MaxTokens = 256,
+    chat: o.ChatTemplate = True,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat mode)."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
-    preset: o.Preset = None,
     no_warm_start: o.NoWarmStart = False,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ) -> None:
@@ -146,11 +51,7 @@ def generate(
 
     text = read_prompt(prompt)
     try:
-        opts = resolve_options(
-            preset=preset, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
-            top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, n_ctx=n_ctx, threads=threads,
-            target_gpu_layers=target_gpu_layers, draft_gpu_layers=draft_gpu_layers,
-        )
+        opts = o.resolve(options, k=k)
         decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop or ()))
         _generate(text, opts, decode, chat, system, as_json, warm=not no_warm_start)
     except (ConfigError, EngineError) as e:

@@ -1,31 +1,174 @@
-"""Options shared by `generate`, `bench` and `chat`, declared once so they read the same everywhere.
+"""What the commands share: their options, declared once, and how they are read.
 
+`generate`, `bench`, `chat` and `doctor` take the model, sampling and offload options below; each
+command module imports this one, and nothing but the entry point imports `localspec.cli`.
 Defaults are None so that an explicit flag can be told apart from a preset's value
-(see `localspec.cli.resolve_options`).
+(`resolve_options`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import functools
+import inspect
+import secrets
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
 
 import typer
+
+from .config import SamplingConfig
 
 Target = Annotated[Optional[str], typer.Option("--target", help="Target GGUF (default: embedded SmolLM2-135M F32).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF sharing the target's tokenizer.")]
 Drafter = Annotated[Optional[str], typer.Option(
     "--drafter", help="model | lookup | none (default: model when a draft is available, else lookup).")]
+DraftTokens = Annotated[Optional[str], typer.Option(
+    "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default).")]
 Temperature = Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy (default 0.8).")]
 TopK = Annotated[Optional[int], typer.Option("--top-k", help="Top-k truncation, 0 = off (default 40).")]
 TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus truncation, 1 = off (default 0.95).")]
 MinP = Annotated[Optional[float], typer.Option("--min-p", help="Min-p truncation, 0 = off (default 0.05).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed (default: random, reported in --json).")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Stop after this many tokens.")]
 NCtx = Annotated[Optional[int], typer.Option("--n-ctx", help="Context length (default 4096).")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: this machine's cores).")]
 TargetGpuLayers = Annotated[Optional[int], typer.Option(
     "--target-gpu-layers", help="Target layers on the GPU (-1 = all).")]
 DraftGpuLayers = Annotated[Optional[int], typer.Option(
     "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all).")]
+ChatTemplate = Annotated[bool, typer.Option(
+    "--chat/--raw", help="Apply the GGUF's chat template (default) or send raw text.")]
 Preset = Annotated[Optional[str], typer.Option(
     "--preset", help="Model preset from `localspec models`; flags override it.")]
 NoWarmStart = Annotated[bool, typer.Option(
     "--no-warm-start", help="Start the k controller from nothing: neither read nor save what earlier runs learned.")]
+
+MODELS = {"preset": Preset, "target": Target, "draft": Draft, "n_ctx": NCtx, "threads": Threads,
+          "target_gpu_layers": TargetGpuLayers, "draft_gpu_layers": DraftGpuLayers}
+"""Which models to load and how: `doctor` takes these."""
+SAMPLING = {"drafter": Drafter, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "min_p": MinP,
+            "seed": Seed}
+"""How to draft and sample: `generate`, `bench` and `chat` take these too."""
+MODEL_OPTIONS = (*MODELS, *SAMPLING, "k")
+"""The parameter names `resolve` reads from a command's arguments (absent ones count as not given)."""
+
+
+def with_options(*groups: Mapping[str, Any]) -> Callable:
+    """Give a Typer command the options of `groups`, declared once above, where its parameter
+    `options` stands; the command receives their values as one dict in `options`."""
+    declared = {name: kind for group in groups for name, kind in group.items()}
+
+    def decorate(func: Callable) -> Callable:
+        sig = inspect.signature(func, eval_str=True)
+        params: list[inspect.Parameter] = []
+        for p in sig.parameters.values():
+            if p.name == "options":
+                params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                             annotation=kind) for name, kind in declared.items()]
+            else:
+                params.append(p)
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            options = {name: kwargs.pop(name, None) for name in declared}
+            return func(*args, options=options, **kwargs)
+
+        command.__signature__ = sig.replace(parameters=params)  # what Typer reads
+        return command
+
+    return decorate
+
+
+def fail(message: object) -> NoReturn:
+    """One line on stderr, exit code 2: how every bad input ends."""
+    text = " ".join(str(message).split()) or type(message).__name__
+    typer.echo(f"error: {text}", err=True)
+    raise typer.Exit(2)
+
+
+def parse_k(value: str | None) -> int | None:
+    """'auto' (None) or a non-negative integer."""
+    if value is None or value.strip().lower() == "auto":
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        fail(f"draft tokens (-k) must be a number or 'auto', got {value!r}")
+    if k < 0:
+        fail(f"draft tokens (-k) must be >= 0, got {k}")
+    return k
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Options after merging: explicit flag > preset > built-in default."""
+
+    load: object
+    """The `session.LoadConfig` to load the models with."""
+    sampling: SamplingConfig
+    """Sampling, with a seed drawn when none was given."""
+    k: int | None
+    """Fixed draft tokens per step, or None for the adaptive controller."""
+
+
+def resolve(args: Mapping[str, Any], **override: Any) -> Resolved:
+    """`resolve_options` over a command's arguments (`locals()`), `override` taking precedence."""
+    values = {name: args.get(name) for name in MODEL_OPTIONS} | override
+    return resolve_options(**values)
+
+
+def resolve_options(
+    *,
+    preset: str | None,
+    target: str | None,
+    draft: str | None,
+    drafter: str | None,
+    k: str | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    seed: int | None,
+    n_ctx: int | None,
+    threads: int | None,
+    target_gpu_layers: int | None,
+    draft_gpu_layers: int | None,
+) -> Resolved:
+    """Shared by every command, so that every command reads options the same way."""
+    from .session import LoadConfig
+
+    base = SamplingConfig()
+    p = None
+    if preset:
+        from .hub import resolve_model
+        from .presets import load_preset
+
+        p = load_preset(preset)
+        if target is None:
+            target = str(resolve_model(p.target, preset=p.name))
+        if draft is None and p.draft is not None and (drafter or p.drafter) == "model":
+            draft = str(resolve_model(p.draft, preset=p.name))
+        drafter = drafter or p.drafter
+        base = p.sampling()
+        n_ctx = n_ctx or p.n_ctx
+    pick = lambda given, default: default if given is None else given  # noqa: E731
+    sampling = SamplingConfig(
+        temperature=pick(temperature, base.temperature),
+        top_k=pick(top_k, base.top_k),
+        top_p=pick(top_p, base.top_p),
+        min_p=pick(min_p, base.min_p),
+        seed=seed if seed is not None else secrets.randbits(31),
+    )
+    load = LoadConfig(
+        target=target,
+        draft=draft,
+        drafter=drafter,
+        n_ctx=pick(n_ctx, 4096),
+        threads=threads,
+        target_gpu_layers=pick(target_gpu_layers, -1),
+        draft_gpu_layers=pick(draft_gpu_layers, -1),
+    )
+    k_value = parse_k(k) if k is not None else (p.k if p is not None else None)
+    return Resolved(load, sampling, k_value)
+
+

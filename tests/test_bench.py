@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from localspec import bench
+from localspec import bench, bench_report
+from localspec.bench_report import format_report
 from localspec.cli import app
-from localspec.cli_bench import format_report
 from localspec.config import ConfigError
 from localspec.decoder import Step
 
@@ -261,19 +261,19 @@ def test_bound_uses_measured_costs_and_acceptance_by_position():
     plain = [_run("plain", [_step(0, 0, 0.0, 0.010)] * 4, 0.04)]
     # Bursty acceptance: half the steps accept both drafts, half reject the first (α = 0.5).
     spec = [_run("spec", [_step(2, 2, 0.002, 0.012), _step(2, 0, 0.002, 0.012)] * 2, 0.056)]
-    b = bench._bound(spec, plain, 2, 12)
+    b = bench_report._bound(spec, plain, 2, 12)
     cost = (2 * 0.001 + 0.012) / 0.010
     assert b["k"] == 2 and b["alpha"] == pytest.approx(0.5)
     assert b["expected_tokens"] == pytest.approx(1 + 0.5 + 0.5)  # survival 0.5 at positions 1 and 2
     assert b["speedup"] == pytest.approx(2.0 / cost)
     assert b["speedup_iid"] == pytest.approx(1.75 / cost)  # (1 - 0.5^3) / (1 - 0.5)
     assert b["t_verify_ms"] == pytest.approx(12.0) and b["t_draft_ms"] == pytest.approx(1.0)
-    assert bench._bound(spec, [], 2, 12) is None
+    assert bench_report._bound(spec, [], 2, 12) is None
     # Adaptive: only batch sizes that were measured count (here b = 3, so k <= 2).
-    assert bench._bound(spec, plain, None, 12)["k"] in (1, 2)
+    assert bench_report._bound(spec, plain, None, 12)["k"] in (1, 2)
 
 
 def test_median_speedup_ignores_one_disturbed_run():
     plain = [_run("plain", [_step(0, 0, 0, 0.01)] * 10, d, prompt=i) for i, d in enumerate((0.1, 0.1, 1.0))]
     spec = [_run("spec", [_step(0, 0, 0, 0.01)] * 10, 0.05, prompt=i) for i in range(3)]
-    assert bench._median_speedup(spec, plain) == pytest.approx(2.0)
+    assert bench_report._median_speedup(spec, plain) == pytest.approx(2.0)

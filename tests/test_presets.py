@@ -8,7 +8,8 @@ import pytest
 
 from localspec import presets
 from localspec.config import ConfigError
-from localspec.presets import ModelRef, load_preset, list_presets, preset_dir, resolve_model
+from localspec.hub import resolve_model
+from localspec.presets import ModelRef, load_preset, list_presets, preset_dir
 
 GOOD = """\
 description: "test pair"

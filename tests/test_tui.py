@@ -22,9 +22,9 @@ from localspec.config import ConfigError, DecodeConfig, SamplingConfig  # noqa: 
 from localspec.prefix import common_prefix  # noqa: E402
 from localspec.session import LoadConfig, Session  # noqa: E402
 from localspec.stream import stream_text  # noqa: E402
-from tui.app import ChatApp  # noqa: E402
-from tui.chat import Chat  # noqa: E402
-from tui.widgets import ReplyView  # noqa: E402
+from localspec_tui.app import ChatApp  # noqa: E402
+from localspec_tui.chat import Chat  # noqa: E402
+from localspec_tui.widgets import ReplyView  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0, seed=1)
 

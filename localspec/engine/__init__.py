@@ -1,4 +1,4 @@
-"""The only module that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
+"""The only package that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
 
 A `Model` is one GGUF with one context and one sequence. It remembers which tokens its KV cache
 holds, so callers move it by saying what the cache should contain (`sync`, `truncate`) and by
@@ -18,9 +18,9 @@ import numpy as np
 
 import llama_cpp as C
 
-from .config import ModelConfig
-from .machine import usable_cpus
-from .prefix import common_prefix
+from ..config import ModelConfig
+from ..machine import usable_cpus
+from ..prefix import common_prefix
 
 
 class EngineError(RuntimeError):
@@ -363,75 +363,3 @@ class Model:
             self.close()
         except Exception:
             pass
-
-
-# -- llama-cpp-python's own generate, for bench --compare --
-# Only `localspec bench --compare llama-cpp-python` uses this: llama-cpp-python's high-level
-# `llama_cpp.Llama.generate`, plain or with its built-in prompt-lookup drafter, timed on the same
-# prompts and GGUF as a reference point. localspec itself never decodes through this path.
-
-import time  # noqa: E402 - this section is self-contained
-
-
-class ReferenceModel:
-    """One `llama_cpp.Llama`, loaded once per bench run and reused (reset) across prompts.
-
-    `lookup_tokens` = None: plain `Llama.generate`; N: `draft_model=LlamaPromptLookupDecoding(
-    num_pred_tokens=N)`, which needs `logits_all=True` (without it llama-cpp-python crashes with a
-    broadcast error, its issue #2110).
-    """
-
-    def __init__(self, path: str | Path, *, n_ctx: int, threads: int, gpu_layers: int = -1,
-                 lookup_tokens: int | None = None):
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        _init_backend()
-        self.lookup_tokens = lookup_tokens
-        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
-        try:
-            self.llm = Llama(
-                model_path=str(check_gguf(path)), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                n_gpu_layers=gpu_layers if gpu_layers >= 0 else -1, logits_all=draft is not None,
-                draft_model=draft, verbose=False,
-            )
-        except (ValueError, RuntimeError) as e:
-            raise EngineError(f"llama-cpp-python could not load {path}: {e}") from None
-        self._vocab = C.llama_model_get_vocab(self.llm.model)
-
-    def generate(self, prompt_tokens: Sequence[int], max_tokens: int, *, temperature: float,
-                 top_k: int, top_p: float, min_p: float, seed: int) -> tuple[list[int], float, float]:
-        """(generated tokens, prefill seconds, decode seconds); generation stops at an
-        end-of-generation token (not returned) or after max_tokens.
-
-        Prefill evaluates all prompt tokens but the last; decoding then starts by evaluating the last
-        one, as localspec's decoder does, so both decode times cover the same work per token."""
-        llm = self.llm
-        prompt = [int(t) for t in prompt_tokens]
-        budget = min(max_tokens, llm.n_ctx() - len(prompt) - 1)
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(prompt[:-1])  # a prefix generate() reuses: only the last prompt token is left
-        t1 = time.perf_counter()
-        llm.set_seed(seed)
-        out: list[int] = []
-        gen = llm.generate(prompt, top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature,
-                           repeat_penalty=1.0, reset=True)
-        try:
-            for tok in gen:
-                if budget <= 0 or C.llama_vocab_is_eog(self._vocab, tok):
-                    break
-                out.append(int(tok))
-                if len(out) >= budget:
-                    break
-        finally:
-            gen.close()
-        t2 = time.perf_counter()
-        return out, t1 - t0, t2 - t1
-
-    def close(self) -> None:
-        llm = getattr(self, "llm", None)
-        if llm is not None:
-            llm.close()
-            self.llm = None
-
