@@ -26,17 +26,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import warmstart
+from .bench_report import K_MAX, group, run_json, version
 from .config import ConfigError, DecodeConfig, SamplingConfig
 from .controller import KController
 from .decoder import Step, generate_steps
 from .machine import load_1min, usable_cpus
-from . import bench_report
-from .bench_report import group, run_json, version
 
 SCHEMA = "localspec.bench/1"
 KEYS = {"category": str, "prompt": str, "max_tokens": int, "system": str}
 COMPARE = ("llama-cpp-python",)
-K_MAX = bench_report.K_MAX
 WARMUP_TOKENS = 16
 REFERENCE_LOOKUP = 10       # LlamaPromptLookupDecoding's own default num_pred_tokens
 
@@ -226,18 +224,18 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         session.check_fits(toks, f"prompt {p.source}")
         encoded.append(toks)
     base_seed = opts.sampling.seed if opts.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-    cost_free = session.make_drafter().draft_cost_free
+    drafter = session.make_drafter()
     variants = [Variant("plain", "plain")] + [Variant("spec", "auto" if k is None else str(k), k) for k in opts.ks]
-    drafter_name = session.make_drafter().name
 
-    def controller(v: Variant) -> KController:
-        c = KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=cost_free)
-        if opts.warm_start:
-            warmstart.load_into(c, session, drafter_name, opts.sampling.temperature)
+    def controller(v: Variant, warmed: dict[str, bool] | None = None) -> KController:
+        c = KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=drafter.draft_cost_free)
+        warm = opts.warm_start and warmstart.load_into(c, session, drafter.name, opts.sampling.temperature)
+        if warmed is not None:
+            warmed[v.key] = warm
         return c
 
-    controllers = {v.key: controller(v) for v in variants if v.kind == "spec"}
-    warmed = {key: bool(c.learned()["verify"]) for key, c in controllers.items()}
+    warmed: dict[str, bool] = {}
+    controllers = {v.key: controller(v, warmed) for v in variants if v.kind == "spec"}
     refs: dict[str, object] = {}
     lookup_n = max((k for k in opts.ks if k is not None), default=REFERENCE_LOOKUP)
     try:
@@ -264,7 +262,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
             done += 1
             return run
 
-        if opts.warmup:  # not counted; throwaway controllers, so the suite's start from scratch
+        if opts.warmup:  # not counted; controllers of its own, so the suite's start as a run would
             warm = replace(opts.sampling, seed=base_seed)
             for v in variants:
                 one(v, -1, 0, warm, min(WARMUP_TOKENS, opts.max_tokens), controller(v))
@@ -278,7 +276,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         if progress:
             progress(done, total, "done")
         if opts.warm_start and "auto" in controllers:
-            warmstart.save(controllers["auto"], session, drafter_name, opts.sampling.temperature)
+            warmstart.save(controllers["auto"], session, drafter.name, opts.sampling.temperature)
     finally:
         for ref in refs.values():
             ref.close()

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         try:
             opts = o.resolve(options, drafter=drafter, temperature=temperature, seed=0)
             target_path, draft_path, drafters = _pair(opts.load, explicit=drafter)
-            from localspec import doctor
+            from localspec import doctor, doctor_report
 
             report = doctor.diagnose(
                 target_path, draft_path, drafters, n_ctx=opts.load.n_ctx, threads=opts.load.threads,
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report, ensure_ascii=False))
         else:
-            typer.echo(doctor.format_report(report))
+            typer.echo(doctor_report.format_report(report))
 
 
 def _pair(load, explicit: str | None) -> tuple[str, str | None, list[str]]:

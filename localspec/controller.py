@@ -84,6 +84,29 @@ def _ewma(old: float | None, new: float, weight: float) -> float:
     return (1.0 - weight) * old + weight * new
 
 
+def _weights(counts) -> np.ndarray:
+    """A timing's weight in a line fit: grows with how often it was taken, up to 16 times."""
+    return np.sqrt(np.minimum(counts, 16))
+
+
+def _line(xs: np.ndarray, ys: np.ndarray, counts) -> tuple[float, float]:
+    """(base, slope) of the weighted least-squares line; never a negative slope: more tokens
+    never cost less."""
+    slope, base = np.polyfit(xs, ys, 1, w=_weights(counts))
+    return float(base), max(float(slope), 0.0)
+
+
+def _replace_recorded(costs: dict[int, float], key: int, timed: float, others: set[int]) -> None:
+    """A warm start's cost gives way to the first timing made here, and the machine's speed now
+    (it drifts between runs) rescales the recorded costs not timed yet: the record keeps its
+    shape, this run sets its level."""
+    old = costs[key]
+    ratio = min(max(timed / old, 0.5), 2.0) if old > 0 else 1.0
+    for other in others:
+        costs[other] *= ratio
+    costs[key] = timed
+
+
 def _cusum(total: float, hits: np.ndarray, p: np.ndarray, q: np.ndarray) -> float:
     """CUSUM recursion over Bernoulli trials: evidence for rate q against rate p."""
     for x in np.where(hits, np.log(q / p), np.log((1 - q) / (1 - p))).tolist():
@@ -233,11 +256,10 @@ class KController:
         if self._draft_line is None:
             ns = np.array(sorted(self._draft_by_n), dtype=float)
             ts = np.array([self._draft_by_n[int(n)] for n in ns])
-            w = np.sqrt([min(self._draft_count.get(int(n), 1), 16) for n in ns])
-            slope, base = np.polyfit(ns, ts, 1, w=w)
-            slope = max(float(slope), 0.0)
+            counts = [self._draft_count.get(int(n), 1) for n in ns]
+            base, slope = _line(ns, ts, counts)
             if slope == 0.0:
-                slope, base = float(np.average(ts / ns, weights=w)), 0.0
+                slope, base = float(np.average(ts / ns, weights=_weights(counts))), 0.0
             base = min(max(float(base), 0.0), 2 * slope)
             self._draft_line = np.array([base, slope])
         base, slope = self._draft_line
@@ -266,13 +288,7 @@ class KController:
             # while speculating), so a stale size's new timing counts half.
             last, n = self._timed.get(b, (self._steps, 0))
             if b in self._prior:
-                # A warm start's timing gives way to the first one made here, and the machine's
-                # speed now (it drifts between runs) rescales the sizes not timed yet: the record
-                # keeps its shape, this run sets its level.
-                ratio = min(max(t_verify / self._verify[b], 0.5), 2.0)
-                for other in self._prior - {b}:
-                    self._verify[other] *= ratio
-                self._verify[b] = t_verify
+                _replace_recorded(self._verify, b, t_verify, self._prior - {b})
                 n = 0
             elif n == 1 and t_verify < self._verify[b]:
                 self._verify[b] = t_verify
@@ -290,11 +306,8 @@ class KController:
             self._resume = _ewma(self._resume, t_resume, COST_WEIGHT)
         if np.isfinite(t_draft) and t_draft >= 0:
             if self._draft_prior:
-                # The first drafting timed here replaces the record's, and rescales its lengths.
-                old = self._draft_by_n.get(n_drafted, self._draft * n_drafted)
-                ratio = min(max(t_draft / old, 0.5), 2.0) if old > 0 else 1.0
-                self._draft_by_n = {n: t * ratio for n, t in self._draft_by_n.items()}
-                self._draft_by_n[n_drafted] = t_draft
+                self._draft_by_n.setdefault(n_drafted, self._draft * n_drafted)
+                _replace_recorded(self._draft_by_n, n_drafted, t_draft, set(self._draft_by_n) - {n_drafted})
                 self._draft, self._draft_prior = t_draft / n_drafted, False
             else:
                 self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
@@ -375,11 +388,10 @@ class KController:
             # noisy curve makes the argmax over k jump. A batch of b > 1 tokens costs about
             # a + c·b on CPUs and GPUs alike (c ≈ 0 on a GPU), so fit that line, weighting sizes
             # by how often they were timed; a single token runs other kernels and keeps its own.
-            weights = np.sqrt([min(self._timed.get(int(x), (0, 1))[1], 16) for x in bs[batched]])
-            slope, base = np.polyfit(bs[batched], ts[batched], 1, w=weights)
-            slope = max(float(slope), 0.0)
+            counts = [self._timed.get(int(x), (0, 1))[1] for x in bs[batched]]
+            base, slope = _line(bs[batched], ts[batched], counts)
             if slope == 0.0:
-                base = float(np.average(ts[batched], weights=weights))
+                base = float(np.average(ts[batched], weights=_weights(counts)))
             line = base + slope * b
             first = ts[0] if bs[0] == 1 else min(line[0], line[1])
             return np.where(b == 1, first, np.maximum(line, first))
@@ -418,9 +430,9 @@ class KController:
                    by_position: list[float | None] | None = None,
                    draft_by_n: dict[int, float] | None = None) -> None:
         """Start from what an earlier run measured instead of from nothing: costs until they are
-        timed here (the first timing replaces the recorded one and rescales the other recorded
-        sizes), acceptance as a few pseudo-trials. With a draft cost and an alpha the start-up measuring steps are
-        skipped: the first step already drafts the k those predict, or decodes plainly."""
+        timed here (`_replace_recorded`), acceptance as a few pseudo-trials. With a draft cost and
+        an alpha the start-up drafting steps are skipped: after one plain step, which times the
+        plain cost now, the controller drafts the k those predict, or stays plain."""
         for b, t in (verify or {}).items():
             if b >= 1 and t > 0:
                 self._verify[b] = t

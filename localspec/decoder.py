@@ -16,7 +16,7 @@ from .acceptance import accept_greedy, accept_sampled
 from .config import DecodeConfig, SamplingConfig
 from .controller import KController
 from .drafters import SYNC_LAG, Drafter
-from .sampling import Argmax, Rows, Sampler
+from .sampling import Argmax, Rows
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,6 @@ def generate_steps(
         )
     context = list(prompt)
     produced = 0
-    sampler = Sampler(sampling)
     target.sync(context[:-1])
     if drafter is not None:
         drafter.prepare(context)
@@ -97,7 +96,7 @@ def generate_steps(
             if sampling.greedy:
                 n_acc, nxt = accept_greedy(drafted, Argmax(logits))
             else:
-                n_acc, nxt = accept_sampled(drafted, Rows(logits, sampler), draft.q if draft else None, rng)
+                n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling), draft.q if draft else None, rng)
             emitted = [*drafted[:n_acc], nxt]
             from_draft = [True] * n_acc + [False]
             finish = None

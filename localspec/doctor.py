@@ -18,7 +18,6 @@ from typing import Sequence
 from . import engine, warmstart
 from .calibrate import calibrate, chat_tokens, load_average
 from .config import SamplingConfig
-from .doctor_report import format_report  # noqa: F401 - the command prints diagnose()'s result with it
 
 MIN_SPEEDUP = 1.05    # below this, speculation is not worth it: recommend --drafter none
 CAL_CTX = 1024        # context the models are loaded with (the memory estimate uses --n-ctx)

@@ -17,7 +17,7 @@ import numpy as np
 from .config import SamplingConfig
 from .prefix import common_prefix
 from .dists import Dist
-from .sampling import Sampler
+from .sampling import distribution
 
 
 # A drafter at most this many tokens behind the text catches up in the first draft decode, at about
@@ -81,7 +81,6 @@ class ModelDrafter:
         self.model = model
         self.target_vocab = target_vocab or model.n_vocab
         self.offset = 0  # the draft's cache holds context[offset:]
-        self._sampler: Sampler | None = None
 
     def prepare(self, context: Sequence[int]) -> None:
         self.offset = 0
@@ -111,15 +110,12 @@ class ModelDrafter:
         tokens: list[int] = []
         rows: list[Dist] = []
         host = 0.0
-        if self._sampler is None or self._sampler.cfg != sampling:
-            self._sampler = Sampler(sampling)  # kept across proposals: it carries a max-logit guess
-        sampler = self._sampler
         for i in range(k):
             h = time.perf_counter()
             if sampling.greedy:
                 x = int(logits[0].argmax())
             else:
-                q = sampler(logits[0])
+                q = distribution(logits[0], sampling)
                 x = q.sample(rng)
                 rows.append(q)
             tokens.append(x)

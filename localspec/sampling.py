@@ -25,9 +25,6 @@ import numpy as np
 from .config import SamplingConfig
 from .dists import _PY_MAX, Dense, Dist, Sparse
 
-__all__ = ["BadLogits", "Dense", "Dist", "Sparse", "Sampler", "Rows", "Argmax", "distribution", "probabilities",
-           "sample"]
-
 _NEAR = 8.0           # first look for top-k / nucleus candidates this far below the max logit
 _TINY_T = 1e-20       # below this temperature float32 scaling overflows; the limit is the argmax
 
@@ -43,49 +40,38 @@ def _max(row: np.ndarray) -> float:
     return m
 
 
-class Sampler:
-    """Turns rows of logits into distributions under one config."""
-
-    def __init__(self, cfg: SamplingConfig):
-        self.cfg = cfg
-
-    def __call__(self, row: np.ndarray) -> Dist:
-        """The processed next-token distribution of one float32 row of logits (read in place)."""
-        cfg = self.cfg
-        row = np.asarray(row, dtype=np.float32)
-        if cfg.greedy:
-            return Sparse(np.array([int(row.argmax())]), np.ones(1))
-        top_k = cfg.top_k if 0 < cfg.top_k < len(row) else 0
-        total = None  # the mass top-p reads, relative to exp(max); None = the candidates' own
-        if top_k:
-            # top-p reads the mass of the whole top-k set, below min-p's floor too
-            depth = _NEAR if cfg.top_p < 1.0 or cfg.min_p == 0.0 else min(_NEAR, -_log(cfg.min_p))
-            ids, vals, m = self._near(row, depth)
-            if len(ids) < top_k and (cfg.top_p < 1.0 or depth < -_log(cfg.min_p)):
-                ids, vals = _top_k_wide(row, m, top_k)
-            elif len(ids) > top_k:
-                kth = np.partition(vals, len(vals) - top_k)[len(vals) - top_k]
-                keep = vals >= kth
-                ids, vals = ids[keep], vals[keep]
-        elif cfg.top_p < 1.0:
-            ids, vals, m = self._near(row, min(_NUCLEUS_DEPTHS[0], -_log(cfg.min_p)))
-            ids, vals, total = _nucleus_candidates(row, m, cfg.top_p, m + _log(cfg.min_p), ids, vals)
-        elif cfg.min_p > 0.0:
-            ids, vals, m = self._near(row, -_log(cfg.min_p))
-        else:
-            return _dense(row, _max(row), cfg.temperature)
-        return _truncated(ids, vals, m, cfg, total)
-
-    def _near(self, row: np.ndarray, depth: float) -> tuple[np.ndarray, np.ndarray, float]:
-        """(ids, logits, max) of every token whose logit is within `depth` of the row's max."""
-        m = _max(row)
-        ids = np.flatnonzero(row >= np.float32(m - depth))
-        return ids, row[ids], m
-
-
 def distribution(row: np.ndarray, cfg: SamplingConfig) -> Dist:
     """The processed next-token distribution of one float32 row of logits (read in place)."""
-    return Sampler(cfg)(row)
+    row = np.asarray(row, dtype=np.float32)
+    if cfg.greedy:
+        return Sparse(np.array([int(row.argmax())]), np.ones(1))
+    top_k = cfg.top_k if 0 < cfg.top_k < len(row) else 0
+    total = None  # the mass top-p reads, relative to exp(max); None = the candidates' own
+    if top_k:
+        # top-p reads the mass of the whole top-k set, below min-p's floor too
+        depth = _NEAR if cfg.top_p < 1.0 or cfg.min_p == 0.0 else min(_NEAR, -_log(cfg.min_p))
+        ids, vals, m = _near(row, depth)
+        if len(ids) < top_k and (cfg.top_p < 1.0 or depth < -_log(cfg.min_p)):
+            ids, vals = _top_k_wide(row, m, top_k)
+        elif len(ids) > top_k:
+            kth = np.partition(vals, len(vals) - top_k)[len(vals) - top_k]
+            keep = vals >= kth
+            ids, vals = ids[keep], vals[keep]
+    elif cfg.top_p < 1.0:
+        ids, vals, m = _near(row, min(_NUCLEUS_DEPTHS[0], -_log(cfg.min_p)))
+        ids, vals, total = _nucleus_candidates(row, m, cfg.top_p, m + _log(cfg.min_p), ids, vals)
+    elif cfg.min_p > 0.0:
+        ids, vals, m = _near(row, -_log(cfg.min_p))
+    else:
+        return _dense(row, _max(row), cfg.temperature)
+    return _truncated(ids, vals, m, cfg, total)
+
+
+def _near(row: np.ndarray, depth: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(ids, logits, max) of every token whose logit is within `depth` of the row's max."""
+    m = _max(row)
+    ids = np.flatnonzero(row >= np.float32(m - depth))
+    return ids, row[ids], m
 
 
 def _log(min_p: float) -> float:
@@ -212,15 +198,15 @@ class Rows:
 
     The acceptance rule stops at the first rejection, so rows after it are never processed."""
 
-    def __init__(self, logits: np.ndarray, sampler: Sampler | SamplingConfig):
+    def __init__(self, logits: np.ndarray, cfg: SamplingConfig):
         self._logits = logits
-        self._sampler = sampler if isinstance(sampler, Sampler) else Sampler(sampler)
+        self._cfg = cfg
         self._done: dict[int, Dist] = {}
 
     def __getitem__(self, i: int) -> Dist:
         got = self._done.get(i)
         if got is None:
-            got = self._done[i] = self._sampler(self._logits[i])
+            got = self._done[i] = distribution(self._logits[i], self._cfg)
         return got
 
     def __len__(self) -> int:

@@ -100,6 +100,11 @@ class RunStats:
         }
 
     @property
+    def verify_ms_per_step(self) -> float | None:
+        """Mean milliseconds of the target's decode per step."""
+        return 1000 * self.t_verify / self.n_steps if self.n_steps else None
+
+    @property
     def plain_step_ms(self) -> float | None:
         """Mean milliseconds of a step that drafted nothing (k = 0)."""
         return 1000 * self.t_plain_steps / self.n_plain_steps if self.n_plain_steps else None
@@ -129,7 +134,7 @@ class RunStats:
             "mean_k": self.k_sum / self.n_steps if self.n_steps else None,
             "time_split": {"draft": self.t_draft, "verify": self.t_verify, "python": self.t_python},
             "host": self.host(),
-            "verify_ms_per_step": 1000 * self.t_verify / self.n_steps if self.n_steps else None,
+            "verify_ms_per_step": self.verify_ms_per_step,
             "plain_step_ms": self.plain_step_ms,
             "finish": self.finish,
         }

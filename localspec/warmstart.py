@@ -82,8 +82,7 @@ def key(target, draft, threads: int, target_gpu_layers: int, draft_gpu_layers: i
 
 def session_key(session) -> dict:
     t, d = session.target, session.draft
-    return key(t.path, d.path if d is not None else None, t.n_threads, t.cfg.n_gpu_layers,
-               d.cfg.n_gpu_layers if d is not None else -1)
+    return pair_key(t, d, {"target": t.cfg.n_gpu_layers, "draft": d.cfg.n_gpu_layers if d is not None else -1})
 
 
 def directory() -> Path:

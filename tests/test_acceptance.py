@@ -36,7 +36,8 @@ import pytest
 
 from localspec.acceptance import accept_greedy, accept_sampled
 from localspec.config import SamplingConfig
-from localspec.sampling import Dense, Sparse, probabilities, sample
+from localspec.dists import Dense, Sparse
+from localspec.sampling import probabilities, sample
 
 N = 100_000
 ALPHA = 1e-4

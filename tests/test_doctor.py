@@ -11,7 +11,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localspec import calibrate, doctor
+from localspec import calibrate, doctor, doctor_report
 from localspec.cli import app
 
 runner = CliRunner()
@@ -82,7 +82,7 @@ def test_recommendation_present(report):
 
 
 def test_human_report_renders(report):
-    text = doctor.format_report(report)
+    text = doctor_report.format_report(report)
     assert "GPU offload: " in text and "llama-cpp-python" in text
     assert "vocab        compatible" in text and "recommend    --drafter" in text
     assert len(text.splitlines()) < 25
