@@ -27,12 +27,12 @@ import numpy as np
 
 from . import warmstart
 from .bench_report import K_MAX, group, run_json, version
-from .config import ConfigError, DecodeConfig, SamplingConfig
+from .config import MAX_DRAFT, ConfigError, DecodeConfig, SamplingConfig
 from .controller import KController
 from .decoder import Step, generate_steps
 from .machine import load_1min, usable_cpus
 
-SCHEMA = "localspec.bench/1"
+SCHEMA = "localspec.bench/2"   # 2: alpha = accepted / tested positions (was / drafted); draft_efficiency
 KEYS = {"category": str, "prompt": str, "max_tokens": int, "system": str}
 COMPARE = ("llama-cpp-python",)
 WARMUP_TOKENS = 16
@@ -129,9 +129,9 @@ def parse_k_sweep(value: str | None) -> list[int | None]:
             except ValueError:
                 raise ConfigError(f"draft tokens (-k) must be a number, 'auto' or a list like 1,2,4,8; "
                                   f"got {value!r}") from None
-            if k < 1:
-                raise ConfigError(f"draft tokens (-k) must be >= 1 in a bench (plain decoding is always "
-                                  f"measured), got {k}")
+            if not 1 <= k <= MAX_DRAFT:
+                raise ConfigError(f"draft tokens (-k) must be between 1 and {MAX_DRAFT} in a bench (plain "
+                                  f"decoding is always measured), got {k}")
         if k not in out:
             out.append(k)
     return out

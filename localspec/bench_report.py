@@ -12,7 +12,7 @@ import numpy as np
 
 from .config import DecodeConfig
 from .controller import expected_tokens
-from .stats import RunStats
+from .stats import RunStats, positions_tested
 
 K_MAX = DecodeConfig.k_max  # adaptive variants choose k in 1..K_MAX, as generate does
 
@@ -62,16 +62,18 @@ def _bound(spec: list, plain: list, fixed_k: int | None, k_max: int) -> dict | N
     """E(k)·t_plain / (k·t_draft + t_verify(k+1)) from this group's measurements. E(k) = 1 + Σ_{i≤k} s_i
     with s_i the measured share of drafted position i that was accepted (the controller's model);
     `speedup_iid` uses E(α,k) = (1 − α^(k+1)) / (1 − α) instead, which assumes independent
-    positions. t_plain = mean plain target pass, t_draft per drafted token, t_verify(b) the mean at
-    each measured batch size (interpolated between them, never extrapolated). A fixed k is evaluated
-    at k (or the longest draft measured, if drafts were always shorter); "auto" at its best k."""
+    positions, with α = accepted / tested positions (that formula's per-token probability).
+    t_plain = mean plain target pass, t_draft per drafted token, t_verify(b) the mean at each
+    measured batch size (interpolated between them, never extrapolated). A fixed k is evaluated at
+    k (or the longest draft measured, if drafts were always shorter); "auto" at its best k."""
     t_plain = [s.t_verify for r in plain for s in r.steps]
     drafting = [s for r in spec for s in r.steps if s.n_drafted]
     n_drafted = sum(s.n_drafted for s in drafting)
     if not t_plain or not n_drafted:
         return None
     t1 = float(np.mean(t_plain))
-    alpha = sum(s.n_accepted for s in drafting) / n_drafted
+    tested = sum(positions_tested(s.n_drafted, s.n_accepted) for s in drafting)
+    alpha = sum(s.n_accepted for s in drafting) / tested
     t_draft = sum(s.t_draft for s in drafting) / n_drafted
     by_b: dict[int, list[float]] = {}
     reached = np.zeros(max(s.n_drafted for s in drafting))
@@ -131,11 +133,13 @@ def group(runs: list, variants: list, members: set[int], greedy: bool) -> dict:
         s.update({
             "k": "auto" if v.k is None else v.k,
             "alpha": st.alpha,
+            "draft_efficiency": st.draft_efficiency,
             "acceptance_by_position": st.acceptance_by_position(),
             "mean_accepted": st.mean_accepted,
             "mean_k": st.k_sum / st.n_steps if st.n_steps else None,
             "n_drafted": st.n_drafted,
             "n_accepted": st.n_accepted,
+            "n_tested": st.n_tested,
             "drafting_step_fraction": _ratio(st.drafted_at[0] if st.drafted_at else 0, st.n_steps),
             "speedup": _ratio(s["tokens_per_second"], plain["tokens_per_second"]),
             "speedup_median": _median_speedup(of(v), plain_runs),
@@ -170,10 +174,12 @@ def group(runs: list, variants: list, members: set[int], greedy: bool) -> dict:
 
 
 def run_json(run, prompts: list) -> dict:
-    alpha = None
+    alpha = efficiency = None
     if run.variant.kind == "spec":
-        drafted = sum(s.n_drafted for s in run.steps)
-        alpha = sum(s.n_accepted for s in run.steps) / drafted if drafted else None
+        st = RunStats()
+        for s in run.steps:
+            st.add(s)
+        alpha, efficiency = st.alpha, st.draft_efficiency
     return {
         "prompt": run.prompt,
         "category": prompts[run.prompt].category,
@@ -186,6 +192,7 @@ def run_json(run, prompts: list) -> dict:
         "decode_seconds": run.decode,
         "tokens_per_second": _ratio(len(run.tokens), run.decode),
         "alpha": alpha,
+        "draft_efficiency": efficiency,
         "finish": run.finish,
     }
 
@@ -219,8 +226,8 @@ def format_report(report: dict) -> str:
     ]
     for key in report["overall"]["spec"]:
         lines += ["", f"speculative k={key}" + (" (adaptive, one controller across the suite)" if key == "auto" else "")]
-        rows = [["category", "n", "α", "acc len", "tok/pass", "plain t/s", "spec t/s", "speedup (median)", "bound (k)",
-                 "p50/p99 ms", "draft/verify/py %", "verify ms/step", "host ms/step (/row)", "draft host ms/tok"]]
+        rows = [["category", "n", "α", "draft eff", "acc len", "tok/pass", "plain t/s", "spec t/s",
+                 "speedup (median)", "bound (k)", "p50/p99 ms", "draft/verify/py %", "verify ms/step", "host ms/step (/row)", "draft host ms/tok"]]
         for group, g in _groups(report):
             s, p = g["spec"][key], g["plain"]
             b = s["bound"]
@@ -230,7 +237,8 @@ def format_report(report: dict) -> str:
                 f"/{100 * (ts['python'] + ts['outside']) / total:.0f}"
             lat = s["latency_ms"]
             rows.append([
-                group, str(g["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["mean_accepted"], ".2f"),
+                group, str(g["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["draft_efficiency"], ".3f"),
+                _f(s["mean_accepted"], ".2f"),
                 _f(s["tokens_per_step"], ".2f"), _f(p["tokens_per_second"]), _f(s["tokens_per_second"]),
                 f"{_f(s['speedup'], '.2f')}× ({_f(s['speedup_median'], '.2f')}×)",
                 "—" if b is None else f"{b['speedup']:.2f}× ({b['k']})",
@@ -269,7 +277,10 @@ def format_report(report: dict) -> str:
                         _f(r["lookup"]["localspec_speedup"][key], ".2f") + "×"]
             rows.append(row)
         lines += _table(rows)
-    lines += ["", "t/s = generated tokens / decode seconds (prefill excluded); speedup = spec t/s ÷ plain t/s in "
+    lines += ["", "α = accepted / tested draft positions (a step tests up to its first rejection), the "
+                  "per-token acceptance of E(α, k); draft eff = accepted / drafted, lower because positions "
+                  "after a rejection are drafted but never tested.",
+              "t/s = generated tokens / decode seconds (prefill excluded); speedup = spec t/s ÷ plain t/s in "
                   "this run (median: of the per-prompt ratios); bound = E(k)·t_plain / (k·t_draft + t_verify(k+1)) from the measured acceptance and costs."]
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from .controller import ALPHA_PRIOR, ALPHA_PRIOR_WEIGHT, KController, expected_t
 from .decoder import generate_steps
 from .drafters import ModelDrafter, PromptLookup
 from .machine import load_1min, usable_cpus
+from .stats import positions_tested
 
 CAL_K = 4             # fixed draft length while measuring acceptance
 K_MAX = DecodeConfig.k_max  # largest k considered for the recommendation, as generate's
@@ -97,21 +98,23 @@ def run_drafter(target, drafter, prompts: Sequence[list[int]], sampling: Samplin
 
 
 def summarize_steps(steps: list) -> dict:
-    """α (per-token acceptance; positions after a rejection count as untested), coverage (share
-    of steps that drafted anything), draft seconds per token and measured tokens/s."""
+    """α as localspec.stats defines it (accepted / tested positions; positions after a rejection
+    are untested): `alpha_observed` as measured, `alpha` shrunk toward the controller's prior (what
+    the predictions use); `draft_efficiency` (accepted / drafted); coverage (share of steps that
+    drafted anything), draft seconds per token and measured tokens/s."""
     drafted = [s for s in steps if s.n_drafted]
-    trials = sum(s.n_accepted + (s.n_accepted < s.n_drafted) for s in drafted)
+    trials = sum(positions_tested(s.n_drafted, s.n_accepted) for s in drafted)
     hits = sum(s.n_accepted for s in drafted)
+    n_drafted = sum(s.n_drafted for s in drafted)
     secs = sum(s.t_draft + s.t_verify + s.t_python for s in steps)
     per_tok = [s.t_draft / s.n_drafted for s in drafted[1:] or drafted]
     return {
         "steps": len(steps), "tokens": sum(len(s.tokens) for s in steps),
-        "n_drafted": sum(s.n_drafted for s in drafted), "n_accepted": sum(s.n_accepted for s in drafted),
+        "n_drafted": n_drafted, "n_accepted": hits, "n_tested": trials,
         # the controller's prior, worth two trials: a dozen lucky hits do not make α = 1
         "alpha": (hits + ALPHA_PRIOR * ALPHA_PRIOR_WEIGHT) / (trials + ALPHA_PRIOR_WEIGHT) if trials else None,
         "alpha_observed": hits / trials if trials else None,
-        "accepted_ratio": (sum(s.n_accepted for s in drafted) / sum(s.n_drafted for s in drafted)
-                           if drafted else None),
+        "draft_efficiency": hits / n_drafted if n_drafted else None,
         "coverage": len(drafted) / len(steps) if steps else None,
         "draft_cost": typical(per_tok) if per_tok else None,
         "measured_tokens_per_second": sum(len(s.tokens) for s in steps) / secs if secs > 0 else None,
@@ -229,8 +232,8 @@ def calibrate(target, draft, drafters: Sequence[str], sampling: SamplingConfig, 
             predicted_speedup=speedups[best],
         )
         result["drafters"][name] = stats
-        if stats["n_drafted"] < 40:
-            result["warnings"].append(f"{name}: only {stats['n_drafted']} drafted tokens, so α is rough")
+        if stats["n_tested"] < 40:   # α's sample: the tested positions, not the drafted ones
+            result["warnings"].append(f"{name}: only {stats['n_tested']} tested draft positions, so α is rough")
         if meas and not 0.67 < pred / meas < 1.5:
             result["warnings"].append(f"{name}: the cost model predicted {pred:.2f}× at k={CAL_K} but "
                                       f"{meas:.2f}× was measured; predictions are scaled to the measurement")

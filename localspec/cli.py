@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import sys
 from importlib.metadata import entry_points
 from typing import List, Optional
@@ -24,13 +26,16 @@ app = typer.Typer(
 
 def read_prompt(prompt: str) -> str:
     if prompt == "-":
-        text = sys.stdin.read()
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            fail(f"the prompt on stdin is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})")
         if not text.strip():
             fail("empty prompt on stdin")
         return text
     if not prompt:
         fail("empty prompt")
-    return prompt
+    return o.utf8(prompt, "the prompt")
 
 
 @app.command()
@@ -41,6 +46,10 @@ def generate(
     k: o.DraftTokens = None,
     max_tokens: o.MaxTokens = 256,
     chat: o.ChatTemplate = True,
+    special: bool = typer.Option(
+        True, "--special/--no-special",
+        help="With --raw: read special-token text such as <|im_start|> as those tokens (default, as "
+             "llama.cpp does) or as plain text."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat mode)."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     no_warm_start: o.NoWarmStart = False,
@@ -50,16 +59,18 @@ def generate(
     from .engine import EngineError
 
     text = read_prompt(prompt)
+    system = None if system is None else o.utf8(system, "--system")
+    stop = [o.utf8(s, "--stop") for s in stop or ()]
     try:
         opts = o.resolve(options, k=k)
-        decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop or ()))
-        _generate(text, opts, decode, chat, system, as_json, warm=not no_warm_start)
+        decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop))
+        _generate(text, opts, decode, chat, system, as_json, warm=not no_warm_start, special=special)
     except (ConfigError, EngineError) as e:
         fail(e)
 
 
 def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as_json: bool,
-              warm: bool = True) -> None:
+              warm: bool = True, special: bool = True) -> None:
     import time
 
     from . import warmstart
@@ -71,7 +82,7 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
     session = Session.load(opts.load)
     target = session.target
     chat = session.chat_or_raw(chat, lambda m: typer.echo(m, err=True))
-    tokens = session.prompt_tokens(text, chat, system)
+    tokens = session.prompt_tokens(text, chat, system, special)
     session.check_fits(tokens)
     drafter = session.make_drafter()
     controller = KController(decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
@@ -120,11 +131,14 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
 
 
 def summary_line(r: dict) -> str:
+    # α (accepted / tested positions) is what E(α, k) uses; draft efficiency (accepted / drafted)
+    # is lower because positions after a rejection are drafted but never tested.
     alpha = "—" if r["alpha"] is None else f"{r['alpha']:.3f}"
+    eff = "—" if r["draft_efficiency"] is None else f"{r['draft_efficiency']:.3f}"
     tps = r["tokens_per_second"] or 0.0
     return (
-        f"α {alpha} · {r['tokens_per_step'] or 0:.2f} tokens/target pass · {tps:.1f} tokens/s · "
-        f"{r['n_steps']} steps · {r['n_tokens']} tokens · drafter {r['drafter']} · k {r['k']}"
+        f"α {alpha} · draft efficiency {eff} · {r['tokens_per_step'] or 0:.2f} tokens/target pass · "
+        f"{tps:.1f} tokens/s · {r['n_steps']} steps · {r['n_tokens']} tokens · drafter {r['drafter']} · k {r['k']}"
     )
 
 
@@ -142,9 +156,71 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version as installed
+
+        from .engine import library_version
+
+        typer.echo(f"localspec {installed('localspec')} (llama-cpp-python {library_version()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print localspec's version and exit."),
+) -> None:
+    """Exact speculative decoding for local LLMs on llama.cpp."""
+
+
 def main() -> None:
+    """The entry point: every way a run can end becomes an exit code and at most one line."""
+    from .config import ConfigError
+    from .gguf_info import GGUFFormatError
+    from .sampling import BadLogits
+
+    usage, aborts, no_args = _click_exceptions()
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, *aborts):
+        code = 130
+    except no_args as e:
+        typer.echo(e.ctx.get_help())
+        code = 0
+    except usage as e:
+        # Click's usage errors come as a box of several lines; the promise is one line.
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        code = _error(f"{e.format_message()}{hint}", e.exit_code)
+    except (ConfigError, GGUFFormatError, BadLogits) as e:
+        code = _error(e)
+    except OSError as e:
+        code = _error(f"{e.strerror or e}: {e.filename}" if e.filename else e)
+    except Exception as e:
+        if os.environ.get("LOCALSPEC_VERBOSE"):
+            raise
+        code = _error(f"internal error ({type(e).__name__}: {e}); rerun with LOCALSPEC_VERBOSE=1 for "
+                      "the traceback, and please report it", 1)
+    if code == 130:
         typer.echo("\ninterrupted", err=True)
-        raise SystemExit(130)
+    raise SystemExit(code or 0)
+
+
+def _click_exceptions() -> tuple[tuple, tuple, tuple]:
+    """(usage errors, aborts, "no arguments, show help") of Click: recent Typer vendors its own copy
+    as typer._click, older ones use the click package."""
+    modules = []
+    for name in ("typer._click", "click"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    pick = lambda attr: tuple(getattr(m.exceptions, attr) for m in modules if hasattr(m.exceptions, attr))  # noqa: E731
+    return pick("ClickException"), (typer.Abort, *pick("Abort")), pick("NoArgsIsHelpError")
+
+
+def _error(message: object, code: int = 2) -> int:
+    text = " ".join(str(message).split()) or type(message).__name__
+    typer.echo(f"error: {text}", err=True)
+    return code

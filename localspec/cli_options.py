@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import secrets
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
 
 import typer
 
-from .config import SamplingConfig
+from .config import MAX_DRAFT, ConfigError, SamplingConfig
 
 Target = Annotated[Optional[str], typer.Option("--target", help="Target GGUF (default: embedded SmolLM2-135M F32).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF sharing the target's tokenizer.")]
@@ -28,7 +29,8 @@ Temperature = Annotated[Optional[float], typer.Option("--temperature", help="0 =
 TopK = Annotated[Optional[int], typer.Option("--top-k", help="Top-k truncation, 0 = off (default 40).")]
 TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus truncation, 1 = off (default 0.95).")]
 MinP = Annotated[Optional[float], typer.Option("--min-p", help="Min-p truncation, 0 = off (default 0.05).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed (default: random, reported in --json).")]
+Seed = Annotated[Optional[int], typer.Option(
+    "--seed", help="Random seed; -1 or none = random (the seed used is reported in --json).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Stop after this many tokens.")]
 NCtx = Annotated[Optional[int], typer.Option("--n-ctx", help="Context length (default 4096).")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: this machine's cores).")]
@@ -86,6 +88,17 @@ def fail(message: object) -> NoReturn:
     raise typer.Exit(2)
 
 
+def utf8(text: str, what: str) -> str:
+    """`text` from argv, refused when its bytes were not UTF-8 (Python keeps them as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = os.fsencode(text)
+        fail(f"{what} is not UTF-8 text (byte {raw[len(os.fsencode(text[:e.start]))]:#04x} "
+             f"at offset {len(os.fsencode(text[:e.start]))})")
+    return text
+
+
 def parse_k(value: str | None) -> int | None:
     """'auto' (None) or a non-negative integer."""
     if value is None or value.strip().lower() == "auto":
@@ -94,8 +107,8 @@ def parse_k(value: str | None) -> int | None:
         k = int(value)
     except ValueError:
         fail(f"draft tokens (-k) must be a number or 'auto', got {value!r}")
-    if k < 0:
-        fail(f"draft tokens (-k) must be >= 0, got {k}")
+    if not 0 <= k <= MAX_DRAFT:
+        fail(f"draft tokens (-k) must be between 0 and {MAX_DRAFT}, got {k}")
     return k
 
 
@@ -152,12 +165,15 @@ def resolve_options(
         base = p.sampling()
         n_ctx = n_ctx or p.n_ctx
     pick = lambda given, default: default if given is None else given  # noqa: E731
+    if seed is not None and seed < -1:
+        raise ConfigError(f"seed must be >= 0, or -1 for a random one; got {seed}")
+    threads = _usable_threads(threads)
     sampling = SamplingConfig(
         temperature=pick(temperature, base.temperature),
         top_k=pick(top_k, base.top_k),
         top_p=pick(top_p, base.top_p),
         min_p=pick(min_p, base.min_p),
-        seed=seed if seed is not None else secrets.randbits(31),
+        seed=seed if seed is not None and seed >= 0 else secrets.randbits(31),  # -1: llama.cpp's "random"
     )
     load = LoadConfig(
         target=target,
@@ -172,3 +188,16 @@ def resolve_options(
     return Resolved(load, sampling, k_value)
 
 
+
+
+def _usable_threads(threads: int | None) -> int | None:
+    """More threads than cores makes llama.cpp's spin-waiting threads queue for the CPU (a step
+    slows down hundreds of times): clamp, and say so."""
+    from .machine import usable_cpus
+
+    cores = usable_cpus()
+    if threads is not None and threads > cores:
+        typer.echo(f"localspec: --threads {threads} is more than the {cores} cores this process may use; "
+                   f"using {cores}", err=True)
+        return cores
+    return threads

@@ -10,6 +10,11 @@ DRAFTERS = ("model", "lookup", "none")
 speculation at all (plain decoding, useful as a baseline)."""
 
 
+MAX_DRAFT = 64
+"""The most draft tokens one step may propose (-k): a verify batch must fit llama.cpp's batch, and
+beyond a few dozen even a perfect drafter gains nothing a GPU would notice."""
+
+
 class ConfigError(ValueError):
     """A user-facing configuration problem; the CLI prints it as one line and exits 2."""
 
@@ -34,8 +39,8 @@ class SamplingConfig:
     """Seed of the random generator used for drafting and acceptance; None draws one at random."""
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ConfigError(f"top-k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -81,7 +86,7 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ConfigError(f"max-tokens must be >= 1, got {self.max_tokens}")
-        if self.k is not None and self.k < 0:
-            raise ConfigError(f"draft tokens (-k) must be >= 0, got {self.k}")
+        if self.k is not None and not 0 <= self.k <= MAX_DRAFT:
+            raise ConfigError(f"draft tokens (-k) must be between 0 and {MAX_DRAFT}, got {self.k}")
         if self.k_max < 1:
             raise ConfigError(f"k-max must be >= 1, got {self.k_max}")

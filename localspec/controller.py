@@ -25,6 +25,7 @@ How `observe` learns:
 - Verify costs are EWMAs per batch size (COST_WEIGHT, one timing clipped to COST_CLIP), a faster
   second timing replacing a cold first one, a size unmeasured for COST_STALE steps weighing half.
   With three batched sizes a line a + c·b is fitted; before that VERIFY_PRIOR_SLOPE shapes it.
+  No size is predicted below VERIFY_FLOOR of the cheapest timing (a line can cross zero).
 - Drafting costs are EWMAs per draft length, with a line base + slope·k once two lengths are timed.
 - Acceptance: discounted Beta counts overall (ALPHA_DECAY, prior ALPHA_PRIOR worth
   ALPHA_PRIOR_WEIGHT trials) and per position (POSITION_DECAY, shrunk toward the overall rate by
@@ -37,6 +38,8 @@ state, and split across modules it would be harder to follow than in one place.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 ALPHA_PRIOR = 0.7          # acceptance before any data: typical for a same-family draft
@@ -48,6 +51,7 @@ COST_WEIGHT = 0.25         # weight of a new timing in a cost EWMA
 COST_CLIP = 2.0            # one timing moves an estimate by at most this factor (GC pauses etc.)
 COST_STALE = 32            # a batch size unmeasured for this many steps: its new timing counts half
 VERIFY_PRIOR_SLOPE = 0.1   # t_verify(b) ~ 1 + 0.1 (b - 1) until two batch sizes are measured
+VERIFY_FLOOR = 0.5         # no batch is predicted to verify in less than this share of the cheapest timing
 START_K = 4                # the first two steps draft a moderate k to measure t_draft and alpha
 PROBE_K = 2                # while plain, probe with at least this many drafts...
 PROBE_OVERHEAD = 0.005     # ...as often as keeps the expected loss to ~0.5% of plain throughput,
@@ -378,6 +382,14 @@ class KController:
             sizes = [x for x in sizes if x == 1 or x not in self._prior]
         bs = np.array(sizes, dtype=float)
         ts = np.array([self._verify[int(x)] for x in bs])
+        # Every decode reads all the weights whatever its size, so no batch costs much less than
+        # the cheapest one timed; a line fitted to steep costs (a CPU's) extrapolates below zero
+        # at b = 1 when that size is unmeasured, and a cost <= 0 would make tokens/s infinite or
+        # negative. Half the cheapest timing is the floor (as the sparse branch's bound below its
+        # smallest size): every prediction stays positive and finite.
+        return np.maximum(self._curve_through(bs, ts, top), VERIFY_FLOOR * ts.min())
+
+    def _curve_through(self, bs: np.ndarray, ts: np.ndarray, top: int) -> np.ndarray:
         b = np.arange(1, top + 1)
         if len(bs) == 1:  # the prior shape 1 + 0.1 (b - 1), through the one measured point
             slope = VERIFY_PRIOR_SLOPE
@@ -398,7 +410,7 @@ class KController:
         # Never a negative slope beyond the data: more tokens never cost less.
         slope = max(float(np.polyfit(bs, ts, 1)[0]), 0.0)
         curve = np.where(b > bs[-1], ts[-1] + slope * (b - bs[-1]), np.interp(b, bs, ts))
-        return np.where(b < bs[0], np.maximum(ts[0] - slope * (bs[0] - b), 0.5 * ts[0]), curve)
+        return np.where(b < bs[0], np.maximum(ts[0] - slope * (bs[0] - b), VERIFY_FLOOR * ts[0]), curve)
 
     @property
     def draft_cost(self) -> float | None:
@@ -433,23 +445,28 @@ class KController:
         timed here (`_replace_recorded`), acceptance as a few pseudo-trials. With a draft cost and
         an alpha the start-up drafting steps are skipped: after one plain step, which times the
         plain cost now, the controller drafts the k those predict, or stays plain."""
+        def usable(t) -> bool:  # a damaged record (inf, NaN, a string) must not reach the fits
+            return isinstance(t, (int, float)) and math.isfinite(t) and t >= 0
+
         for b, t in (verify or {}).items():
-            if b >= 1 and t > 0:
+            if b >= 1 and usable(t) and t > 0:
                 self._verify[b] = t
                 self._prior.add(b)
         self._curve = None
-        if draft_cost is not None and draft_cost >= 0:
+        if usable(draft_cost):
             self._draft, self._draft_prior = draft_cost, True
-            self._draft_by_n = {n: t for n, t in (draft_by_n or {}).items() if n >= 1 and t >= 0}
+            self._draft_by_n = {n: t for n, t in (draft_by_n or {}).items() if n >= 1 and usable(t)}
             self._draft_line = None
-        if resume_cost is not None and resume_cost >= 0:
+        if usable(resume_cost):
             self._resume = resume_cost
+        if not (usable(alpha) and alpha <= 1):
+            alpha = None
         if alpha is not None:
             self._acc_s, self._acc_w = alpha * WARM_ALPHA_WEIGHT, WARM_ALPHA_WEIGHT
             for i, rate in enumerate((by_position or [])[: self.k_max]):
-                if rate is not None:
+                if usable(rate) and rate <= 1:
                     self._pos_s[i], self._pos_w[i] = rate * WARM_POSITION_WEIGHT, WARM_POSITION_WEIGHT
-        if alpha is not None and (draft_cost is not None or self.draft_cost_free) and 1 in self._verify:
+        if alpha is not None and (usable(draft_cost) or self.draft_cost_free) and 1 in self._verify:
             self._draft_steps = max(self._draft_steps, 2)
 
     def snapshot(self) -> dict:

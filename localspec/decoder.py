@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -24,7 +24,8 @@ class Step:
     """What one target pass produced."""
 
     tokens: tuple[int, ...]
-    """Tokens emitted this step, in order (end-of-generation tokens are not emitted)."""
+    """Tokens emitted this step, in order (end-of-generation tokens, and what a stop string cuts,
+    are not emitted)."""
     from_draft: tuple[bool, ...]
     """Per emitted token: True for an accepted draft token, False for the target's own token."""
     k: int
@@ -43,8 +44,16 @@ class Step:
     t_draft_host: float = 0.0
     """Draft-side host seconds, part of t_draft: turning each drafted row into a token."""
     finish: str | None = None
-    """None while generating; "stop" (end-of-generation token), "length" (max tokens) or
-    "context" (n_ctx reached) on the last step."""
+    """None while generating; "stop" (end-of-generation token or stop string), "length" (max
+    tokens) or "context" (n_ctx reached) on the last step."""
+    withdrawn: int = 0
+    """Tokens of earlier steps that a stop string took back (on the last step only): the stop
+    string began in text they made. `stream_text` holds such tokens back, so it never shows them."""
+
+
+StopHook = Callable[[list[int]], "int | None"]
+"""Told each step's tokens (in order, once each); answers None, or — when a stop string has
+completed — how many of them to keep (negative: also drop that many tokens of earlier steps)."""
 
 
 def generate_steps(
@@ -55,11 +64,14 @@ def generate_steps(
     decode: DecodeConfig,
     controller: KController | None = None,
     rng: np.random.Generator | None = None,
+    stop: StopHook | None = None,
 ) -> Iterator[Step]:
     """Generate from `prompt` with `target`, speculating with `drafter` (None = plain decoding).
 
     The target's KV cache holds every token but the last of the text so far; each step feeds that
     last token plus the draft in one batch. Closing the generator early leaves the cache consistent.
+    `stop` (see `StopHook`) ends generation at a stop string: what it cuts is neither yielded nor
+    left in the cache, and the finish is "stop" even when the same step reached max_tokens.
     """
     if not prompt:
         raise ValueError("empty prompt")
@@ -107,8 +119,15 @@ def generate_steps(
             if finish is None and produced + len(emitted) >= decode.max_tokens:
                 cut = decode.max_tokens - produced
                 emitted, from_draft, finish = emitted[:cut], from_draft[:cut], "length"
+            withdrawn = 0
+            if stop is not None and (keep := stop(emitted)) is not None:
+                # A stop string completed (it wins over "length"): keep what makes the text before
+                # it, which may end in an earlier step (keep < 0 takes back that many tokens).
+                keep, withdrawn = max(keep, 0), max(-keep, 0)
+                emitted, from_draft, finish = emitted[:keep], from_draft[:keep], "stop"
             context.extend(emitted)
-            produced += len(emitted)
+            del context[len(context) - withdrawn:]
+            produced += len(emitted) - withdrawn
             if finish is None and len(context) >= target.n_ctx:
                 finish = "context"
             target.truncate(len(context) - 1)
@@ -129,6 +148,7 @@ def generate_steps(
                 t_python=t3 - t2,
                 t_draft_host=draft.t_host if draft else 0.0,
                 finish=finish,
+                withdrawn=withdrawn,
             )
             if finish is not None:
                 return

@@ -31,17 +31,31 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def cache_dir() -> Path:
+def cache_path() -> Path:
     """Where localspec keeps files it makes (the F32 target); never inside the repository."""
     root = os.environ.get("LOCALSPEC_CACHE")
     if root:
-        path = Path(root)
-    elif sys.platform == "darwin":
-        path = Path.home() / "Library" / "Caches" / "localspec"
-    else:
-        path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec"
-    path.mkdir(parents=True, exist_ok=True)
+        return Path(root).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "localspec"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec"
+
+
+def cache_dir() -> Path:
+    """`cache_path()`, created if need be; a folder that cannot be made is a one-line ConfigError."""
+    path = cache_path()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or str(e)
+        raise ConfigError(f"cannot use {path} as localspec's cache ({why}); "
+                          "set LOCALSPEC_CACHE to a writable folder") from None
     return path
+
+
+def in_cache(path: str | Path) -> bool:
+    """Whether `path` is a file localspec made (a corrupt one is rebuilt once deleted)."""
+    return Path(path).expanduser().resolve().parent == cache_path().resolve()
 
 
 def _package_file(module: str, relative: str) -> Path | None:
@@ -82,7 +96,11 @@ def _copy(src, out) -> None:
 
 
 def _write_atomically(dest: Path, write: Callable) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    except OSError as e:
+        raise ConfigError(f"cannot write {dest.name} into {dest.parent}: {e.strerror or e}; "
+                          "set LOCALSPEC_CACHE to a writable folder") from None
     try:
         with os.fdopen(fd, "wb") as out:
             write(out)
@@ -118,7 +136,7 @@ def _requantized(name: str, ftype: str, source: Callable[[], Path], notice: Noti
     """`name` in the cache: `source()` re-encoded as `ftype`, made once with llama.cpp's quantize API."""
     dest = cache_dir() / name
     if not dest.is_file():
-        from .engine import quantize
+        from .engine.quantize import quantize
 
         src = source()
         notice(f"localspec: making {what} once: {name} ({ftype} copy of {src.name}) in {dest.parent}…")

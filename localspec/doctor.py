@@ -16,6 +16,7 @@ import subprocess
 from typing import Sequence
 
 from . import engine, warmstart
+from .vocab import compare as compare_vocab
 from .calibrate import calibrate, chat_tokens, load_average
 from .config import SamplingConfig
 
@@ -88,40 +89,6 @@ def gpu_devices(gpu_backends: Sequence[str]) -> list[dict]:
         if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
             found.append({"name": parts[0], "memory_total": int(parts[1]) << 20, "memory_free": int(parts[2]) << 20})
     return found
-
-
-# ---------------------------------------------------------------- vocabulary
-
-def vocab_report(target, draft) -> dict:
-    """Compare the two tokenizers in detail (session.check_vocab only says yes or no).
-
-    Works on any objects with n_vocab, token_text(id), bos, eos and eot (meta(key) optional)."""
-    def kind(m):
-        return m.meta("tokenizer.ggml.model") if hasattr(m, "meta") else None
-
-    n = min(target.n_vocab, draft.n_vocab)
-    differ = [t for t in range(n) if target.token_text(t) != draft.token_text(t)]
-    first = differ[0] if differ else (n if target.n_vocab != draft.n_vocab else None)
-    special = {s: {"target": getattr(target, s), "draft": getattr(draft, s)} for s in ("bos", "eos", "eot")}
-    problems = []
-    if kind(target) != kind(draft):
-        problems.append(f"tokenizer types differ ({kind(draft)} vs {kind(target)})")
-    if target.n_vocab != draft.n_vocab:
-        problems.append(f"sizes differ ({draft.n_vocab} vs {target.n_vocab} tokens)")
-    problems += [f"{s.upper()} differs (id {v['draft']} vs {v['target']})" for s, v in special.items()
-                 if v["target"] != v["draft"]]
-    if differ:
-        problems.append(f"{len(differ)} token texts differ, first at id {differ[0]}")
-    return {
-        "compatible": not problems,
-        "verdict": "incompatible" if problems else "compatible",
-        "n_vocab": {"target": target.n_vocab, "draft": draft.n_vocab},
-        "tokenizer": {"target": kind(target), "draft": kind(draft)},
-        "special": special,
-        "n_differing": len(differ),
-        "first_differing_id": first,
-        "problems": problems,
-    }
 
 
 # ---------------------------------------------------------------- memory
@@ -260,7 +227,7 @@ def _recommend(calibration: dict, vocab: dict | None) -> dict:
     if "model" in pays or (pays and "model" not in measured):
         rec = pick("model" if "model" in pays else "lookup")
         d = pays[rec["drafter"]]
-        rec["reason"] = f"α {d['alpha']:.2f} at T={temp:g}; predicted {d['predicted_speedup']:.2f}× plain decoding"
+        rec["reason"] = f"α {d['alpha_observed']:.2f} at T={temp:g}; predicted {d['predicted_speedup']:.2f}× plain decoding"
         if rec["drafter"] == "lookup":
             rec["reason"] += " when the output repeats the prompt (editing, refactoring); little gain on open chat"
         elif editing:
@@ -322,7 +289,7 @@ def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], 
         shapes = {role: model_shape(m) for role, m in models.items()}
         for role, s in shapes.items():
             s.update(gpu_layers=gpu_layers[role], threads=models[role].n_threads)
-        vocab = vocab_report(target, draft) if draft else None
+        vocab = compare_vocab(target, draft) if draft else None
         memory = memory_report(shapes, n_ctx, gpu_layers, build, ram)
         usable = [d for d in drafters if d != "model" or (draft is not None and vocab["compatible"])]
         calibration = None

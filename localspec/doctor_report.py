@@ -54,7 +54,9 @@ def format_report(r: dict) -> str:
     v = r["vocab"]
     if v:
         sp = v["special"]
-        detail = (f"{v['n_vocab']['target']} tokens, BOS/EOS/EOT {sp['bos']['target']}/{sp['eos']['target']}/"
+        n = v["n_vocab"]
+        size = f"{n['target']} tokens" if n["target"] == n["draft"] else f"{n['target']} (draft {n['draft']}) ids"
+        detail = (f"{size}, BOS/EOS/EOT {sp['bos']['target']}/{sp['eos']['target']}/"
                   f"{sp['eot']['target']}, token texts identical" if v["compatible"] else "; ".join(v["problems"]))
         add(f"vocab        {v['verdict']}: {detail}")
     mem = r["memory"]
@@ -80,7 +82,10 @@ def format_report(r: dict) -> str:
             meas = f" · measured {d['measured_speedup']:.2f}× at k={c['k']}" if d["measured_speedup"] else ""
             best = (f"best k {d['best_k']} → predicted {d['predicted_speedup']:.2f}×" if d["best_k"]
                     else f"no k pays (k=1 → {d['predicted_speedup_by_k'][1]:.2f}×)")
-            add(f"  {name:<10} α {d['alpha']:.2f} ({d['n_drafted']} drafted){cov} · draft "
+            # α as measured, per tested position (the predictions shrink it toward a prior worth
+            # two trials); draft efficiency per drafted token, lower: untested positions count
+            sample = f"{d['n_tested']} tested of {d['n_drafted']} drafted, draft efficiency {d['draft_efficiency']:.2f}"
+            add(f"  {name:<10} α {d['alpha_observed']:.2f} ({sample}){cov} · draft "
                 f"{d['draft_cost'] * 1e3:.2f} ms/token{meas} · {best}")
         for name, why in c.get("skipped", {}).items():
             add(f"  {name:<10} skipped: {why}")

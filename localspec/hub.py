@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from localspec.config import ConfigError
-from localspec.presets import ModelRef, Preset, load_preset
+from localspec.presets import ModelRef, Preset, load_preset, repo_id_problem
 
 
 class ModelStatus(NamedTuple):
@@ -97,9 +97,16 @@ def pull(
     Files already cached are not fetched again. Offline (HF_HUB_OFFLINE=1 or no connection) a
     missing file raises ConfigError saying what would be downloaded and how to place it by hand.
     """
+    looks_like_repo = "/" in preset_or_repo and not preset_or_repo.endswith((".yaml", ".yml"))
+    if file is not None or looks_like_repo:
+        problem = repo_id_problem(preset_or_repo)
+        if problem:
+            raise ConfigError(f"repo {problem}")
     if file is not None:
+        if not file.strip() or file.endswith("/"):
+            raise ConfigError(f"FILE must name a GGUF file in {preset_or_repo}, got {file!r}")
         models = [("model", ModelRef(repo=preset_or_repo, file=file))]
-    elif "/" in preset_or_repo and not preset_or_repo.endswith((".yaml", ".yml")):
+    elif looks_like_repo:
         raise ConfigError(f"'{preset_or_repo}' looks like a repo id; name the GGUF too: localspec pull REPO FILE")
     else:
         models = load_preset(preset_or_repo).models()

@@ -211,11 +211,32 @@ def _model_ref(value: Any, field: str, fail) -> ModelRef | None:
         return ModelRef(embedded=value["embedded"])
     _check_keys(value, {"repo", "file"}, {"repo", "file"}, f"{field}.", fail)
     repo, file = value["repo"], value["file"]
-    if not isinstance(repo, str) or repo.count("/") != 1 or not all(repo.split("/")):
-        raise fail(f"{field}.repo", f"must be a Hugging Face repo id 'owner/name', got {repo!r}")
+    problem = repo_id_problem(repo)
+    if problem:
+        raise fail(f"{field}.repo", problem)
     if not isinstance(file, str) or not file.endswith(".gguf"):
         raise fail(f"{field}.file", f"must be a .gguf file name, got {file!r}")
     return ModelRef(repo=repo, file=file)
+
+
+def repo_id_problem(repo: Any) -> str | None:
+    """Why `repo` is not a Hugging Face repo id 'owner/name' (None when it is one)."""
+    if not isinstance(repo, str):
+        return f"must be a Hugging Face repo id 'owner/name', got {repo!r}"
+    if "://" in repo or repo.startswith("huggingface.co/"):
+        parts = [p for p in repo.split("://")[-1].split("/")[1:] if p]
+        guess = f"; did you mean '{parts[0]}/{parts[1]}'?" if len(parts) >= 2 else ""
+        return f"is a URL, not a repo id 'owner/name': {repo!r}{guess}"
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        if repo.count("/") != 1:
+            raise HFValidationError("")
+        validate_repo_id(repo)
+    except HFValidationError:
+        return (f"must be a Hugging Face repo id 'owner/name' (letters, digits, '-', '_', '.'), "
+                f"got {repo!r}")
+    return None
 
 
 def _number(value: Any, field: str, fail, ok: Callable[[float], bool], rule: str) -> float:

@@ -10,9 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import vocab
 from .config import DRAFTERS, ConfigError, ModelConfig
 from .drafters import Drafter, ModelDrafter, PromptLookup
-from .engine import Model, check_gguf
+from .engine import EngineError, Model, check_gguf
+
+
+MAX_CTX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -38,29 +42,44 @@ class LoadConfig:
     def __post_init__(self) -> None:
         if self.drafter is not None and self.drafter not in DRAFTERS:
             raise ConfigError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
-        if self.n_ctx < 16:
-            raise ConfigError(f"n-ctx must be >= 16, got {self.n_ctx}")
+        if not 16 <= self.n_ctx <= MAX_CTX:
+            # llama.cpp holds n_ctx in 32 bits: a larger value would wrap to a tiny context
+            raise ConfigError(f"n-ctx must be between 16 and {MAX_CTX}, got {self.n_ctx}")
+        for role in ("target", "draft"):
+            if getattr(self, f"{role}_gpu_layers") < -1:
+                raise ConfigError(f"--{role}-gpu-layers must be >= -1 (-1 = all), got {getattr(self, f'{role}_gpu_layers')}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
 
 
-# llama.cpp's own speculative example tolerates this much: families pad their vocabularies to
-# different multiples (Qwen2.5-7B has 152064 ids, Qwen2.5-0.5B 151936), with unused ids at the end.
-VOCAB_SIZE_SLACK = 128
+def resolve_files(cfg: LoadConfig, notice: Callable[[str], None] | None = None) -> LoadConfig:
+    """`cfg` with the drafter chosen and both files found (the embedded default made if need be)
+    and checked to be readable GGUFs: everything that can fail before a model loads."""
+    from dataclasses import replace
+
+    from . import defaults
+
+    notice = notice or (lambda m: print(m, file=sys.stderr, flush=True))
+    drafter = cfg.drafter or ("model" if cfg.draft or not cfg.target else "lookup")
+    if drafter == "model" and not cfg.draft and cfg.target:
+        raise ConfigError("--drafter model needs --draft PATH (a GGUF sharing the target's tokenizer)")
+    target, draft = defaults.default_pair(cfg.target, cfg.draft, drafter == "model", notice)
+    for path in (target, draft):
+        if path is not None:
+            check_gguf(path)  # both files, before spending time loading either
+    return replace(cfg, target=str(target), draft=None if draft is None else str(draft), drafter=drafter)
 
 
-def check_vocab(target: Model, draft: Model) -> None:
-    """Refuse a draft whose tokenizer differs from the target's: ids would mean different text."""
-    where = f"draft {draft.path} and target {target.path}"
-    if abs(target.n_vocab - draft.n_vocab) > VOCAB_SIZE_SLACK:
-        raise ConfigError(f"vocabularies differ: {where} have {draft.n_vocab} vs {target.n_vocab} tokens")
-    for label in ("bos", "eos", "eot"):
-        a, b = getattr(target, label), getattr(draft, label)
-        if a != b:
-            raise ConfigError(f"special token {label.upper()} differs: {where} use ids {b} vs {a}")
-    for tok in range(min(target.n_vocab, draft.n_vocab)):
-        if target.token_text(tok) != draft.token_text(tok):
-            raise ConfigError(f"vocabularies differ: {where} first differ at token id {tok}")
+def _load(cfg: ModelConfig) -> Model:
+    from . import defaults
+
+    try:
+        return Model(cfg)
+    except EngineError as e:
+        if defaults.in_cache(cfg.path) and str(e).startswith("failed to load"):
+            raise EngineError(f"{e}. It is a copy localspec made: delete it and the next run makes it "
+                              "again") from None
+        raise
 
 
 class Session:
@@ -73,17 +92,9 @@ class Session:
 
     @classmethod
     def load(cls, cfg: LoadConfig, notice: Callable[[str], None] | None = None) -> "Session":
-        from . import defaults
-
-        notice = notice or (lambda m: print(m, file=sys.stderr, flush=True))
-        drafter = cfg.drafter or ("model" if cfg.draft or not cfg.target else "lookup")
-        if drafter == "model" and not cfg.draft and cfg.target:
-            raise ConfigError("--drafter model needs --draft PATH (a GGUF sharing the target's tokenizer)")
-        target_path, draft_path = defaults.default_pair(cfg.target, cfg.draft, drafter == "model", notice)
-        for path in (target_path, draft_path):
-            if path is not None:
-                check_gguf(path)  # both files, before spending time loading either
-        target = Model(ModelConfig(target_path, cfg.n_ctx, cfg.threads, cfg.target_gpu_layers))
+        cfg = resolve_files(cfg, notice)
+        target_path, draft_path, drafter = cfg.target, cfg.draft, cfg.drafter
+        target = _load(ModelConfig(target_path, cfg.n_ctx, cfg.threads, cfg.target_gpu_layers))
         if target.recurrent and drafter != "none":
             target.close()
             # Rejected drafts must be removed from the cache; a recurrent state cannot be rewound.
@@ -93,11 +104,12 @@ class Session:
             )
         draft = None
         if draft_path is not None:
-            draft = Model(ModelConfig(draft_path, cfg.n_ctx, cfg.threads, cfg.draft_gpu_layers))
             try:
-                check_vocab(target, draft)
-            except ConfigError:
-                draft.close()
+                draft = _load(ModelConfig(draft_path, cfg.n_ctx, cfg.threads, cfg.draft_gpu_layers))
+                vocab.check(target, draft)
+            except BaseException:
+                if draft is not None:
+                    draft.close()
                 target.close()
                 raise
         return cls(target, draft, drafter)
@@ -125,14 +137,17 @@ class Session:
             raise ConfigError(f"{what} is {len(tokens)} tokens, too long for n_ctx {self.target.n_ctx} "
                               "(raise --n-ctx)")
 
-    def prompt_tokens(self, text: str, chat: bool, system: str | None = None) -> list[int]:
-        """Tokens for a one-turn prompt: through the GGUF's chat template, or raw text."""
+    def prompt_tokens(self, text: str, chat: bool, system: str | None = None, special: bool = True) -> list[int]:
+        """Tokens for a one-turn prompt: through the GGUF's chat template, or raw text.
+
+        In raw text, `special` reads special-token text (`<|im_start|>`) as those tokens, as
+        llama.cpp's own tools do, so a chat format written by hand works; False keeps it literal."""
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": text}
             ]
             return self.target.chat_prompt(messages)
-        return self.target.tokenize(text, add_special=True)
+        return self.target.tokenize(text, add_special=True, parse_special=special)
 
     def describe(self) -> dict:
         return {

@@ -1,4 +1,12 @@
-"""Running totals over decoder steps: α, tokens per target pass, speed, latency percentiles."""
+"""Running totals over decoder steps: α, draft efficiency, tokens per target pass, speed, latency
+percentiles.
+
+α is the per-token acceptance probability, the α of E(α, k) = (1 − α^(k+1)) / (1 − α): accepted /
+tested draft positions, where a step tests its drafted positions up to and including the first
+rejection (the rule stops there). Draft efficiency is accepted / drafted: it also counts the
+positions after a rejection, drafted but never tested, so it is lower than α whenever a rejection
+comes before the last drafted position. Every report shows α with this one definition.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +17,22 @@ import numpy as np
 from .decoder import Step
 
 
+def positions_tested(n_drafted: int, n_accepted: int) -> int:
+    """Draft positions the acceptance rule tried in one step: the accepted ones, plus the first
+    rejection unless every drafted position was accepted."""
+    return n_accepted + (1 if n_accepted < n_drafted else 0)
+
+
 @dataclass
 class RunStats:
-    """Accumulates `Step`s. α = accepted / drafted; tokens per step = tokens per target pass."""
+    """Accumulates `Step`s. α = accepted / tested positions (see the module docstring); draft
+    efficiency = accepted / drafted; tokens per step = tokens per target pass."""
 
     n_tokens: int = 0
     n_steps: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
+    n_tested: int = 0   # drafted positions up to and including each step's first rejection
     n_from_draft: int = 0
     t_draft: float = 0.0
     t_verify: float = 0.0
@@ -40,6 +56,7 @@ class RunStats:
         self.n_steps += 1
         self.n_drafted += step.n_drafted
         self.n_accepted += step.n_accepted
+        self.n_tested += positions_tested(step.n_drafted, step.n_accepted)
         self.n_from_draft += sum(step.from_draft)
         self.t_draft += step.t_draft
         self.t_verify += step.t_verify
@@ -69,6 +86,13 @@ class RunStats:
 
     @property
     def alpha(self) -> float | None:
+        """Per-token acceptance: accepted / tested positions (None when nothing was drafted)."""
+        return self.n_accepted / self.n_tested if self.n_tested else None
+
+    @property
+    def draft_efficiency(self) -> float | None:
+        """Accepted / drafted tokens (None when nothing was drafted): the share of drafting work
+        that ended up in the output. Not α: it also counts positions after a rejection."""
         return self.n_accepted / self.n_drafted if self.n_drafted else None
 
     @property
@@ -110,6 +134,8 @@ class RunStats:
         return 1000 * self.t_plain_steps / self.n_plain_steps if self.n_plain_steps else None
 
     def acceptance_by_position(self) -> list[float]:
+        """Per draft position i: share of the steps that drafted position i in which it (and so
+        every position before it) was accepted."""
         return [a / d for a, d in zip(self.accepted_at, self.drafted_at) if d]
 
     def latency_percentiles(self, qs=(50, 99)) -> dict[str, float | None]:
@@ -127,7 +153,9 @@ class RunStats:
             "n_steps": self.n_steps,
             "n_drafted": self.n_drafted,
             "n_accepted": self.n_accepted,
+            "n_tested": self.n_tested,
             "alpha": self.alpha,
+            "draft_efficiency": self.draft_efficiency,
             "tokens_per_step": self.tokens_per_step,
             "tokens_per_second": self.tokens_per_second,
             "seconds": self.seconds,

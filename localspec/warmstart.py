@@ -8,7 +8,10 @@ fresh measurements override them within a few steps (`KController.warm_start`).
 One JSON record per model pair, machine, thread count and GPU layers, in `<cache>/controller/`:
 - `verify`: seconds to verify a batch of b tokens, by b (the target on this machine);
 - `drafters.<model|lookup>`: seconds per drafted token and of a catch-up after plain steps, and α
-  (overall and by draft position) per temperature band, `greedy` or `sampled`.
+  (overall and by draft position) per temperature band, `greedy` or `sampled`. α is per tested
+  position, as everywhere (localspec.stats), and `trials` counts tested positions; records have
+  always stored α so (the controller and doctor's calibration count trials that way), and
+  `trials` is informational only, so older records stay valid as they are.
 `localspec doctor` shows the record and `doctor --forget` deletes it; `--no-warm-start` (or
 LOCALSPEC_NO_WARM_START=1) neither reads nor writes it. A stale, foreign or corrupt record is
 ignored (a note under LOCALSPEC_VERBOSE), never fatal.
@@ -199,7 +202,7 @@ def save_calibration(target, draft, gpu_layers: dict[str, int], calibration: dic
         if d["alpha"] is None:
             continue
         drafters[name] = {"alpha": {band(calibration["sampling"]["temperature"]): {
-            "alpha": d["alpha"], "by_position": [], "trials": d["n_drafted"]}}}
+            "alpha": d["alpha"], "by_position": [], "trials": d["n_tested"]}}}
         if d["draft_cost"] is not None:
             drafters[name]["draft_cost"] = d["draft_cost"]
     keys = [pair_key(target, draft, gpu_layers)]

@@ -146,11 +146,13 @@ def test_model_drafter_report_contents(reports):
         assert s["speedup"] == pytest.approx(s["tokens_per_second"] / p["tokens_per_second"])
         assert sum(s["time_split"].values()) == pytest.approx(s["decode_seconds"], rel=1e-6)
         assert s["n_runs"] == 2 and s["n_tokens"] > 0
-        assert 0 <= s["alpha"] <= 1 and s["greedy_match"] is not None
+        assert 0 <= s["draft_efficiency"] <= s["alpha"] <= 1 and s["greedy_match"] is not None
+        assert s["alpha"] == pytest.approx(s["n_accepted"] / s["n_tested"])
+        assert s["draft_efficiency"] == pytest.approx(s["n_accepted"] / s["n_drafted"])
         assert s["bound"] is None or s["bound"]["speedup"] > 0
     assert r["overall"]["spec"]["2"]["bound"]["k"] == 2 or r["overall"]["spec"]["2"]["bound"] is None
     table = format_report(r)
-    for word in ("edit", "chat", "overall", "speculative k=2", "speculative k=auto", "bound"):
+    for word in ("edit", "chat", "overall", "speculative k=2", "speculative k=auto", "bound", "draft eff"):
         assert word in table
 
 
@@ -213,7 +215,7 @@ def test_unknown_category_lists_the_known_ones():
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["-k", "1,x"], "draft tokens"), (["-k", "0"], ">= 1"), (["-k", "2,,4"], "draft tokens"),
+    (["-k", "1,x"], "draft tokens"), (["-k", "0"], "between 1 and 64"), (["-k", "2,,4"], "draft tokens"),
     (["--compare", "vllm"], "--compare"), (["--repeat", "0"], "repeat"), (["--max-tokens", "0"], "max-tokens"),
 ])
 def test_bad_options_exit_2(args, needle):
@@ -259,14 +261,16 @@ def _run(kind: str, steps, decode: float, prompt: int = 0) -> bench.Run:
 
 def test_bound_uses_measured_costs_and_acceptance_by_position():
     plain = [_run("plain", [_step(0, 0, 0.0, 0.010)] * 4, 0.04)]
-    # Bursty acceptance: half the steps accept both drafts, half reject the first (α = 0.5).
+    # Bursty acceptance: half the steps accept both drafts, half reject the first. α = 4 accepted /
+    # 6 tested positions (a rejection at position 1 leaves position 2 untested); accepted / drafted
+    # would be 4 / 8.
     spec = [_run("spec", [_step(2, 2, 0.002, 0.012), _step(2, 0, 0.002, 0.012)] * 2, 0.056)]
     b = bench_report._bound(spec, plain, 2, 12)
     cost = (2 * 0.001 + 0.012) / 0.010
-    assert b["k"] == 2 and b["alpha"] == pytest.approx(0.5)
+    assert b["k"] == 2 and b["alpha"] == pytest.approx(2 / 3)
     assert b["expected_tokens"] == pytest.approx(1 + 0.5 + 0.5)  # survival 0.5 at positions 1 and 2
     assert b["speedup"] == pytest.approx(2.0 / cost)
-    assert b["speedup_iid"] == pytest.approx(1.75 / cost)  # (1 - 0.5^3) / (1 - 0.5)
+    assert b["speedup_iid"] == pytest.approx(19 / 9 / cost)  # (1 - (2/3)^3) / (1 - 2/3)
     assert b["t_verify_ms"] == pytest.approx(12.0) and b["t_draft_ms"] == pytest.approx(1.0)
     assert bench_report._bound(spec, [], 2, 12) is None
     # Adaptive: only batch sizes that were measured count (here b = 3, so k <= 2).

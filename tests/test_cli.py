@@ -13,7 +13,7 @@ JSON_FIELDS = {
     "text": str, "tokens": list, "n_tokens": int, "n_steps": int, "n_drafted": int, "n_accepted": int,
     "alpha": (float, type(None)), "tokens_per_step": float, "tokens_per_second": float, "seconds": float,
     "drafter": str, "k": (int, str), "temperature": float, "seed": int, "target": str,
-    "draft": (str, type(None)),
+    "draft": (str, type(None)), "n_tested": int, "draft_efficiency": (float, type(None)),
 }
 
 
@@ -30,7 +30,9 @@ def test_generate_json_on_the_default_pair():
         assert isinstance(data[field], kind), (field, data[field])
     assert data["n_tokens"] == len(data["tokens"]) > 0
     assert data["drafter"] == "model" and data["draft"].endswith(".gguf")
-    assert data["n_drafted"] > 0 and data["alpha"] == pytest.approx(data["n_accepted"] / data["n_drafted"])
+    assert data["n_drafted"] > 0 and data["alpha"] == pytest.approx(data["n_accepted"] / data["n_tested"])
+    assert data["draft_efficiency"] == pytest.approx(data["n_accepted"] / data["n_drafted"])
+    assert data["draft_efficiency"] <= data["alpha"]
     assert data["tokens_per_step"] == pytest.approx(data["n_tokens"] / data["n_steps"])
     assert data["text"].strip()
 
@@ -49,6 +51,7 @@ def test_prompt_from_stdin_streams_text_and_summary():
     assert r.stdout.strip()
     summary = r.stderr.strip().splitlines()[-1]
     assert summary.startswith("α ") and "tokens/target pass" in summary and "tokens/s" in summary
+    assert "draft efficiency" in summary
 
 
 def test_raw_mode_and_no_drafter():
@@ -56,6 +59,7 @@ def test_raw_mode_and_no_drafter():
                   "--temperature", "0", "--json")
     data = json.loads(r.stdout)
     assert data["n_drafted"] == 0 and data["alpha"] is None and data["tokens_per_step"] == 1.0
+    assert data["n_tested"] == 0 and data["draft_efficiency"] is None
 
 
 @pytest.fixture(scope="module")

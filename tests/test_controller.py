@@ -456,3 +456,73 @@ def test_a_fixed_part_of_each_drafting_step_is_not_charged_per_token():
     ctrl = KController(k_max=12)
     ks = simulate(ctrl, np.random.default_rng(8), 500, lambda s, p: 0.97, verify, draft)
     assert np.mean([k in good for k in ks[250:]]) >= 0.7, (good, np.bincount(ks[250:]))
+
+
+# ---- costs that a fitted line would push to zero or below ------------------------------------
+
+def _finite_positive(values) -> bool:
+    arr = np.asarray(values, dtype=float)
+    return bool(np.all(np.isfinite(arr)) and np.all(arr > 0))
+
+
+def _all_numbers(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _all_numbers(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _all_numbers(v)
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield obj
+
+
+@pytest.mark.parametrize("case", ["steep verify, b = 1 never timed", "costs falling with k"])
+def test_cost_lines_that_reach_zero_are_floored(case):
+    """A line fitted to verify costs that rise steeply (2 → 5 tokens: 1 → 30 ms) crosses zero
+    before b = 1, and costs that fall with k (noise, a warming machine) give negative slopes.
+    Neither may put a cost <= 0, inf or NaN into a prediction, the snapshot, the warm-start
+    record, or a choice of k."""
+    ctrl = KController(k_max=8)
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        for n in (1, 2, 3, 4):   # a drafter that offers 1-4 tokens; b = 1 is never verified
+            if case.startswith("steep"):
+                t_draft, t_verify = n * MS, (1 if n == 1 else 10 * (n - 1)) * MS
+            else:
+                t_draft, t_verify = (8 - 1.9 * n) * MS, (40 - 9.9 * n) * MS
+            ctrl.observe(n, n, int(rng.integers(0, n + 1)), t_draft, t_verify)
+    assert 1 not in ctrl._verify
+    costs = [ctrl.verify_cost(b) for b in range(1, 41)]
+    assert _finite_positive(costs), costs
+    assert _finite_positive(ctrl._draft_seconds(8)[1:])
+    speedups = [ctrl.expected_speedup(k) for k in range(9)]
+    assert _finite_positive(speedups), speedups
+    for record in (ctrl.snapshot(), ctrl.learned()):
+        json.dumps(record, allow_nan=False)   # raises on inf or NaN
+        assert all(np.isfinite(x) for x in _all_numbers(record)), record
+    assert _finite_positive(ctrl.snapshot()["verify_cost_curve"])
+    assert _finite_positive(ctrl.snapshot()["expected_speedup"])
+    for _ in range(40):
+        k = ctrl.choose(limit=6)
+        assert 0 <= k <= 6
+        ctrl.observe(k, k, k, k * MS, (1 if k == 0 else 10 * k) * MS)
+        assert _finite_positive([ctrl.verify_cost(b) for b in range(1, 10)])
+    # What it saved starts another controller on finite, positive numbers too.
+    learned = json.loads(json.dumps(ctrl.learned(), allow_nan=False))
+    warm = KController(k_max=8)
+    warm.warm_start({int(b): t for b, t in learned["verify"].items()}, learned["draft_cost"],
+                    learned["resume_cost"], learned["alpha"], learned["by_position"],
+                    {int(n): t for n, t in learned["draft_by_n"].items()})
+    assert _finite_positive([warm.verify_cost(b) for b in range(1, 10)])
+    json.dumps(warm.snapshot(), allow_nan=False)
+    assert 0 <= warm.choose() <= 8
+
+
+def test_a_damaged_warm_start_record_is_ignored_where_not_finite():
+    ctrl = KController(k_max=4)
+    ctrl.warm_start({1: float("inf"), 2: float("nan"), 3: -1.0, 4: 0.02, 5: "0.03"}, float("inf"),
+                    float("nan"), float("nan"), [float("inf"), 0.5], {1: float("inf")})
+    assert ctrl._verify == {4: 0.02} and ctrl.draft_cost is None and ctrl.alpha is None
+    json.dumps(ctrl.snapshot(), allow_nan=False)
+    assert _finite_positive([ctrl.verify_cost(b) for b in range(1, 6)])
+    assert ctrl.choose() == 4   # nothing usable about drafting: it measures from the start

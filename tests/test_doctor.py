@@ -11,7 +11,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localspec import calibrate, doctor, doctor_report
+from localspec import calibrate, doctor, doctor_report, vocab
 from localspec.cli import app
 
 runner = CliRunner()
@@ -66,6 +66,11 @@ def test_calibration_numbers_are_positive(report):
     assert set(cal["drafters"]) == {"model", "lookup"}
     model = cal["drafters"]["model"]
     assert 0 <= model["alpha"] <= 1 and model["draft_cost"] > 0 and model["n_drafted"] > 0
+    # α per tested position, draft efficiency per drafted token: never above α
+    assert 0 < model["n_tested"] <= model["n_drafted"]
+    assert model["alpha_observed"] == pytest.approx(model["n_accepted"] / model["n_tested"])
+    assert model["draft_efficiency"] == pytest.approx(model["n_accepted"] / model["n_drafted"])
+    assert model["draft_efficiency"] <= model["alpha_observed"]
     for d in cal["drafters"].values():
         assert len(d["predicted_speedup_by_k"]) == calibrate.K_MAX + 1
         assert 0 <= d["best_k"] <= calibrate.K_MAX and d["predicted_speedup"] > 0
@@ -85,6 +90,7 @@ def test_human_report_renders(report):
     text = doctor_report.format_report(report)
     assert "GPU offload: " in text and "llama-cpp-python" in text
     assert "vocab        compatible" in text and "recommend    --drafter" in text
+    assert "tested of" in text and "draft efficiency" in text
     assert len(text.splitlines()) < 25
 
 
@@ -156,28 +162,35 @@ WORDS = [f"tok{i}".encode() for i in range(300)]
 
 
 def test_identical_vocabularies_are_compatible():
-    r = doctor.vocab_report(FakeVocab(WORDS), FakeVocab(list(WORDS)))
+    r = vocab.compare(FakeVocab(WORDS), FakeVocab(list(WORDS)))
     assert r["compatible"] and r["problems"] == [] and r["first_differing_id"] is None
 
 
 def test_mismatched_vocabularies_are_reported_not_raised():
     other = list(WORDS)
     other[17], other[200] = b"x", b"y"
-    r = doctor.vocab_report(FakeVocab(WORDS), FakeVocab(other + [b"extra"], eos=5))
+    r = vocab.compare(FakeVocab(WORDS), FakeVocab(other + [b"extra%d" % i for i in range(200)], eos=5))
     assert not r["compatible"] and r["verdict"] == "incompatible"
     assert r["n_differing"] == 2 and r["first_differing_id"] == 17
-    assert r["n_vocab"] == {"target": 300, "draft": 301}
+    assert r["n_vocab"] == {"target": 300, "draft": 500}
     assert r["special"]["eos"] == {"target": 2, "draft": 5}
     assert any("sizes differ" in p for p in r["problems"]) and any("EOS" in p for p in r["problems"])
 
 
 def test_size_difference_alone_points_past_the_shorter_vocabulary():
-    r = doctor.vocab_report(FakeVocab(WORDS), FakeVocab(WORDS[:250]))
-    assert not r["compatible"] and r["n_differing"] == 0 and r["first_differing_id"] == 250
+    words = [f"tok{i}".encode() for i in range(500)]
+    r = vocab.compare(FakeVocab(words), FakeVocab(words[:300]))
+    assert not r["compatible"] and r["n_differing"] == 0 and r["first_differing_id"] == 300
+
+
+def test_padding_within_the_slack_is_compatible_as_generate_accepts_it():
+    """One rule for doctor and generate: Qwen2.5 7B (152064 ids) with 0.5B (151936) is a real pair."""
+    r = vocab.compare(FakeVocab(WORDS), FakeVocab(WORDS[:250]))
+    assert r["compatible"] and r["verdict"] == "compatible (padded)" and r["problems"] == []
 
 
 def test_different_tokenizer_types_are_incompatible():
-    r = doctor.vocab_report(FakeVocab(WORDS), FakeVocab(list(WORDS), kind="llama"))
+    r = vocab.compare(FakeVocab(WORDS), FakeVocab(list(WORDS), kind="llama"))
     assert not r["compatible"] and "tokenizer types differ" in r["problems"][0]
 
 
@@ -269,15 +282,15 @@ def test_alpha_is_per_token_and_shrunk_toward_the_prior():
 
     stats = calibrate.summarize_steps([step(4, 4), step(4, 1), step(0, 0)])
     # 4 of 4, then 1 hit and 1 miss; the 2 positions after the miss were never tested
-    assert stats["alpha_observed"] == 5 / 6
+    assert stats["n_tested"] == 6 and stats["alpha_observed"] == 5 / 6
     assert stats["alpha"] == pytest.approx((5 + 0.7 * 2) / (6 + 2))
-    assert stats["coverage"] == pytest.approx(2 / 3) and stats["accepted_ratio"] == 5 / 8
+    assert stats["coverage"] == pytest.approx(2 / 3) and stats["draft_efficiency"] == 5 / 8
     assert stats["draft_cost"] == pytest.approx(0.004)
 
 
 def calibration_with(**speedups) -> dict:
     return {"sampling": {"temperature": 0.8}, "drafters": {
-        name: {"alpha": 0.8, "best_k": 3 if s >= 1 else 0, "predicted_speedup": max(s, 1.0),
+        name: {"alpha": 0.8, "alpha_observed": 0.8, "best_k": 3 if s >= 1 else 0, "predicted_speedup": max(s, 1.0),
                "predicted_speedup_by_k": [1.0, s, s, s]} for name, s in speedups.items()}}
 
 

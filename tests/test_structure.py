@@ -106,7 +106,7 @@ def test_the_circle_check_has_teeth():
     assert cycles(g) == [["a", "b", "c"]]
     # and the parser sees lazy, relative imports
     known = modules()
-    assert "localspec.engine" in imports("localspec.defaults", known["localspec.defaults"], known)
+    assert "localspec.engine.quantize" in imports("localspec.defaults", known["localspec.defaults"], known)
 
 
 def test_only_the_engine_imports_llama_cpp_and_localspec_never_imports_the_ui():

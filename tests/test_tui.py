@@ -12,6 +12,7 @@ import io
 import re
 import time
 
+import numpy as np
 import pytest
 
 pytest.importorskip("textual")
@@ -23,10 +24,12 @@ from localspec.prefix import common_prefix  # noqa: E402
 from localspec.session import LoadConfig, Session  # noqa: E402
 from localspec.stream import stream_text  # noqa: E402
 from localspec_tui.app import ChatApp  # noqa: E402
-from localspec_tui.chat import Chat  # noqa: E402
+from localspec.decoder import Step  # noqa: E402
+from localspec_tui.chat import Chat, LiveStats  # noqa: E402
 from localspec_tui.widgets import ReplyView  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0, seed=1)
+NEAR_TIE = 0.25  # logits; as tests/test_decoding.py allows a verify batch
 
 
 @pytest.fixture(scope="module")
@@ -130,11 +133,22 @@ def test_stop_mid_reply_then_next_reply_matches_a_fresh_session(session):
             messages = app.chat.messages()[:-1]   # stopped partial reply included, as sent
 
         # A fresh, plain (k = 0) generation of the same history from an empty cache.
-        session.target.reset()
-        prompt = session.target.chat_prompt(messages)
-        want = "".join(c.text for c in stream_text(session.target, None, prompt, GREEDY,
-                                                    DecodeConfig(max_tokens=24, k=0)))
-        assert got == want
+        target = session.target
+        target.reset()
+        prompt = target.chat_prompt(messages)
+        chunks = list(stream_text(target, None, prompt, GREEDY, DecodeConfig(max_tokens=24, k=0)))
+        want = "".join(c.text for c in chunks)
+        if got != want:
+            # Where Esc lands varies, and so does the history: now and then it meets a near-tie,
+            # where a token scored inside a verify batch rounds to the runner-up (principle 1).
+            # Only that is allowed: at the first token whose text differs, plain's top two are close.
+            plain = [t for c in chunks for t in c.step.tokens]
+            same = common_prefix(got, want)
+            i = next(j for j in range(len(plain)) if len(target.detokenize(plain[: j + 1])) > same)
+            context = prompt + plain[:i]
+            target.sync(context[:-1])
+            top = np.sort(np.array(target.eval(context[-1:], logits_from=0)[0]))[-2:]
+            assert top[1] - top[0] <= NEAR_TIE, (got, want, top)
 
     run(scenario())
 
@@ -187,7 +201,7 @@ def test_reset_clears_the_conversation(session):
     run(scenario())
 
 
-WIDE_LABELS = ["α (all)", "α (last 32)", "k now", "tokens/s", "plain tok/s", "speedup", "by position"]
+WIDE_LABELS = ["α (all)", "α (last 32)", "k now", "tokens/s", "plain tok/s", "speedup", "draft eff.", "by position"]
 NARROW_LABELS = ["α ", "α32 ", "k ", "tok/s ", "plain ", "drafted "]
 COMMON_LABELS = ["accepted draft", "target's own token", "T 0 · model · k auto · ready",
                  "Send", "esc Stop", "f2 Spec on/off", "f3 Drafter", "f4 Temp", "f5 Highlight", "^q Quit"]
@@ -213,6 +227,16 @@ def test_layout_snapshot(session, size, tmp_path):
     assert not missing, f"cut off or missing at {size}: {missing}\n{text}"
     assert "α" in svg and "speculation" in svg and "accepted draft" in svg
     assert "localspec" in lines[0] and re.search(r"(CPU|GPU) · 1 thread", lines[0])   # header intact
+
+
+def test_live_alpha_counts_tested_positions_and_draft_efficiency_drafted_ones():
+    live = LiveStats()
+    for n_drafted, n_accepted in [(4, 1), (4, 4)]:   # 1 + the rejection tested, then all 4
+        live.add(Step(tokens=(0,) * (n_accepted + 1), from_draft=(), k=4, n_drafted=n_drafted,
+                      n_accepted=n_accepted, t_draft=0.001, t_verify=0.01, t_python=0.0))
+    view = live.view()
+    assert view["alpha_all"] == pytest.approx(5 / 6) and view["alpha_recent"] == pytest.approx(5 / 6)
+    assert view["draft_efficiency"] == pytest.approx(5 / 8)
 
 
 def test_context_is_trimmed_oldest_turns_first(session):

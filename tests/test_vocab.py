@@ -88,7 +88,7 @@ def test_eos_differs(ggufs):
 def test_same_vocab_loads_and_generates(ggufs):
     from localspec.config import ModelConfig
     from localspec.engine import Model
-    from localspec.session import check_vocab
+    from localspec.vocab import check as check_vocab
 
     load = lambda key: Model(ModelConfig(str(ggufs[key]), n_ctx=64, n_threads=1))  # noqa: E731
     with load("A") as a, load("A2") as a2:

@@ -72,6 +72,22 @@ def test_alpha_is_kept_per_drafter_and_temperature_band(pair):
     assert rec["drafters"]["lookup"]["alpha"]["greedy"]["alpha"] < 0.5
 
 
+def test_calibration_records_alpha_with_its_tested_positions_as_trials(pair):
+    cal = {"verify_cost": {"1": 0.01, "5": 0.02}, "sampling": {"temperature": 0.0}, "drafters": {
+        "model": {"alpha": 0.8, "n_tested": 30, "n_drafted": 48, "draft_cost": 0.002},
+        "lookup": {"alpha": None, "n_tested": 0, "n_drafted": 0, "draft_cost": None}}}
+    layers = {"target": -1, "draft": -1}
+    path = warmstart.save_calibration(pair.target, pair.draft, layers, cal)[0]
+    a = json.loads(path.read_text())["drafters"]["model"]["alpha"]["greedy"]
+    assert a["alpha"] == 0.8 and a["trials"] == 30   # tested positions, α's sample; not the 48 drafted
+    # A record written before trials counted tested positions holds the same α: still used.
+    rec = json.loads(path.read_text())
+    rec["drafters"]["model"]["alpha"]["greedy"]["trials"] = 48
+    path.write_text(json.dumps(rec))
+    c = KController(8)
+    assert warmstart.apply(c, warmstart.read(warmstart.pair_key(pair.target, pair.draft, layers)), "model", 0.0)
+
+
 def test_another_thread_count_or_file_is_another_record(pair, tmp_path):
     warmstart.save(_trained(), pair, "model", 0.0)
     other = _Session(pair.target.path, pair.draft.path, threads=7)

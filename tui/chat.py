@@ -20,7 +20,7 @@ from localspec.config import ConfigError, DecodeConfig, SamplingConfig
 from localspec.controller import KController
 from localspec.decoder import Step
 from localspec.prefix import common_prefix
-from localspec.stats import RunStats
+from localspec.stats import RunStats, positions_tested
 from localspec.stream import Chunk, stream_text
 
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
@@ -57,9 +57,11 @@ class LiveStats:
             recent = list(self._recent)
             total = self._total
             alpha_all, drafted, accepted = total.alpha, total.n_drafted, total.n_accepted
+            efficiency = total.draft_efficiency
             by_position = total.acceptance_by_position()
             plain = self._plain
-        r_drafted = sum(s.n_drafted for s in recent)
+        # α as everywhere: accepted / tested positions (localspec.stats), here over the window
+        r_tested = sum(positions_tested(s.n_drafted, s.n_accepted) for s in recent)
         r_accepted = sum(s.n_accepted for s in recent)
         r_tokens = sum(len(s.tokens) for s in recent)
         r_seconds = sum(s.t_draft + s.t_verify + s.t_python for s in recent)
@@ -67,7 +69,8 @@ class LiveStats:
         plain_tps = 1.0 / plain if plain else None
         return {
             "alpha_all": alpha_all,
-            "alpha_recent": r_accepted / r_drafted if r_drafted else None,
+            "alpha_recent": r_accepted / r_tested if r_tested else None,
+            "draft_efficiency": efficiency,
             "spark": [float(len(s.tokens)) for s in recent],
             "k_now": recent[-1].k if recent else None,
             "tokens_per_pass": r_tokens / len(recent) if recent else None,
@@ -98,6 +101,7 @@ class Reply:
     n_tokens: int
     seconds: float
     alpha: float | None
+    """Accepted / tested draft positions over the reply (None when nothing was drafted)."""
 
 
 class Chat:
@@ -188,7 +192,7 @@ class Chat:
         controller = self._controller(kind, drafter)
         decode = DecodeConfig(max_tokens=self.max_tokens, k=self.k, k_max=self.k_max)
         parts: list[str] = []
-        n_tokens = n_drafted = n_accepted = 0
+        n_tokens = n_tested = n_accepted = 0
         finish = "stop"
         start = time.perf_counter()
         stream = stream_text(self.session.target, drafter, turn.prompt, sampling, decode, controller, self.rng)
@@ -197,7 +201,7 @@ class Chat:
                 self.live.add(chunk.step)
                 parts.append(chunk.text)
                 n_tokens += len(chunk.step.tokens)
-                n_drafted += chunk.step.n_drafted
+                n_tested += positions_tested(chunk.step.n_drafted, chunk.step.n_accepted)
                 n_accepted += chunk.step.n_accepted
                 on_chunk(chunk)
                 if chunk.step.finish is not None:
@@ -216,7 +220,7 @@ class Chat:
         if self.warm_start and drafter is not None:   # what this turn taught, for the next session
             warmstart.save(controller, self.session, kind, sampling.temperature)
         return Reply(finish, n_tokens, time.perf_counter() - start,
-                     n_accepted / n_drafted if n_drafted else None)
+                     n_accepted / n_tested if n_tested else None)
 
     def _drafter(self, kind: str):
         if kind == "none":

@@ -25,16 +25,24 @@ def chat(
     from localspec.config import ConfigError, DecodeConfig
     from localspec.engine import EngineError
 
+    import sys
+    from dataclasses import replace
+
+    from localspec.session import resolve_files
+
     try:
         opts = o.resolve(options, k=k)
         DecodeConfig(max_tokens=max_tokens, k=opts.k)   # validates max-tokens and -k now, in one line
+        # Missing or broken model files are reported here, in the shell, as `generate` does.
+        opts = replace(opts, load=resolve_files(opts.load, lambda m: typer.echo(m, err=True)))
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise ConfigError("chat needs a terminal (stdin or stdout is not one); "
+                              "use `localspec generate` in scripts and pipes")
     except (ConfigError, EngineError) as e:
         o.fail(e)
     if options["threads"] is None:
         # The screen needs a core too: llama.cpp's threads spin-wait for each other, and one of them
         # descheduled by the UI slows decoding ~10× (measured on 2 cores: 6.6 vs 41.6 tokens/s).
-        from dataclasses import replace
-
         from localspec.engine import default_threads
 
         opts = replace(opts, load=replace(opts.load, threads=max(1, default_threads() - 1)))

@@ -59,6 +59,7 @@ class ReplyDone(Message):
     n_tokens: int
     seconds: float
     alpha: float | None
+    """Accepted / tested draft positions over the reply (localspec.stats); None without drafts."""
 
 
 @dataclass

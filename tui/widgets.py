@@ -45,6 +45,8 @@ def panel_rows(view: dict, settings: dict) -> tuple[list[tuple[str, str]], list[
         ("speedup", fmt(view["speedup"], ".2f", "×")),
         ("drafted", str(view["drafted"])),
         ("accepted", str(view["accepted"])),
+        # accepted / drafted: below α, since positions after a rejection are drafted, never tested
+        ("draft eff.", fmt(view["draft_efficiency"], ".3f")),
         ("by position", bars(view["by_position"])),
         ("temperature", f"{settings['temperature']:g}"),
     ]
@@ -74,7 +76,8 @@ def compact(view: dict, settings: dict) -> Text:
     text.append("\n")
     for label, value in (
         ("tok/pass", fmt(view["tokens_per_pass"])), ("drafted", str(view["drafted"])),
-        ("accepted", str(view["accepted"])), ("by pos", bars(view["by_position"], 8)),
+        ("accepted", str(view["accepted"])), ("eff", fmt(view["draft_efficiency"])),
+        ("by pos", bars(view["by_position"], 8)),
         ("drafter", settings["drafter"]),
     ):
         text.append(f"{label} ", style="dim")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import ctypes
 import os
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -21,10 +22,8 @@ import llama_cpp as C
 from ..config import ModelConfig
 from ..machine import usable_cpus
 from ..prefix import common_prefix
-
-
-class EngineError(RuntimeError):
-    """A model could not be loaded or used; the message is one line meant for the user."""
+from . import interrupt
+from .files import EngineError, check_gguf, load_failure
 
 
 # llama.cpp logs every tensor at load time; keep the recent warnings/errors to explain failures.
@@ -35,11 +34,27 @@ _WARN, _ERROR = 3, 4  # ggml_log_level values
 
 @C.llama_log_callback
 def _log_callback(level, text, user_data):  # noqa: ARG001 - signature fixed by llama.cpp
-    message = text.decode("utf-8", "replace") if text else ""
-    if _VERBOSE:
-        os.write(2, message.encode())
-    elif level in (_WARN, _ERROR) and message.strip():
-        _recent_log.append(message.strip())
+    try:
+        message = text.decode("utf-8", "replace") if text else ""
+        if _VERBOSE:
+            os.write(2, message.encode())
+        elif level in (_WARN, _ERROR) and message.strip():
+            _recent_log.append(message.strip())
+    except KeyboardInterrupt:  # ctypes would print and drop it; keep it for the caller
+        interrupt.request()
+
+
+@C.llama_progress_callback
+def _load_progress(progress, user_data):  # noqa: ARG001
+    return not interrupt.requested()  # false stops the load
+
+
+@C.ggml_abort_callback
+def _abort_requested(user_data):  # noqa: ARG001
+    return interrupt.requested()
+
+
+_ABORTABLE = 64  # evals of more tokens than this (prefill) can be stopped midway
 
 
 _backend_ready = False
@@ -58,18 +73,6 @@ def default_threads() -> int:
     on SMT machines) on bigger ones, since llama.cpp slows down when it oversubscribes."""
     n = usable_cpus()
     return n if n <= 4 else n // 2
-
-
-def check_gguf(path: str | Path) -> Path:
-    """Fail early, with one line, on a missing file or a file that is not GGUF."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise EngineError(f"model file not found: {p}")
-    with p.open("rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise EngineError(f"not a GGUF file: {p}")
-    return p
 
 
 def gpu_offload_supported() -> bool:
@@ -123,24 +126,6 @@ def library_version() -> str:
     return getattr(C, "__version__", "unknown")
 
 
-def quantize(src: str | Path, dst: str | Path, ftype: str = "F32", threads: int | None = None) -> None:
-    """Write `src` re-encoded as `ftype` (F32, F16, Q8_0, Q4_1, ...) to `dst`, atomically."""
-    _init_backend()
-    params = C.llama_model_quantize_default_params()
-    name = f"LLAMA_FTYPE_ALL_{ftype}" if ftype == "F32" else f"LLAMA_FTYPE_MOSTLY_{ftype}"
-    if not hasattr(C, name):
-        raise EngineError(f"unknown GGUF type {ftype}")
-    params.ftype = getattr(C, name)
-    params.allow_requantize = True
-    params.nthread = threads or default_threads()
-    tmp = Path(f"{dst}.{os.getpid()}.part")  # two first runs at once must not share one
-    rc = C.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
-    if rc != 0:
-        tmp.unlink(missing_ok=True)
-        raise EngineError(f"quantizing {src} to {ftype} failed (code {rc})")
-    tmp.replace(dst)
-
-
 class Model:
     """One loaded GGUF, its context and its KV cache (sequence 0)."""
 
@@ -151,13 +136,12 @@ class Model:
         _init_backend()
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6
+        mparams.progress_callback = _load_progress
         _recent_log.clear()
-        self._model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+        with interrupt.deferred():
+            self._model = C.llama_model_load_from_file(os.fsencode(self.path), mparams)
         if not self._model:
-            # llama.cpp's last line is a generic "failed to load"; the reason sits in the one before.
-            reasons = [line.split("error loading model: ", 1)[1] for line in _recent_log if "error loading model: " in line]
-            why = f": {reasons[-1]}" if reasons else (f": {_recent_log[-1]}" if _recent_log else "")
-            raise EngineError(f"failed to load {self.path} (corrupt or truncated GGUF?){why}")
+            raise EngineError(f"failed to load {self.path}: {load_failure(self.path, _recent_log)}")
         self.n_batch = max(1, cfg.n_batch)
         threads = cfg.n_threads or default_threads()
         cparams = C.llama_context_default_params()
@@ -167,7 +151,15 @@ class Model:
         cparams.n_seq_max = 1
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        self._ctx = C.llama_init_from_model(self._model, cparams)
+        self._ctx = None
+        try:
+            with interrupt.deferred():
+                self._ctx = C.llama_init_from_model(self._model, cparams)
+        except KeyboardInterrupt:
+            if self._ctx:
+                C.llama_free(self._ctx)
+            C.llama_model_free(self._model)
+            raise
         if not self._ctx:
             C.llama_model_free(self._model)
             raise EngineError(f"could not create a context of {cfg.n_ctx} tokens for {self.path}")
@@ -203,7 +195,8 @@ class Model:
         """Append `tokens` to the cache in batched decodes; return logits for tokens[logits_from:].
 
         The result is a (rows, n_vocab) float32 view into llama.cpp's buffer, valid until the next
-        call on this model. With logits_from=None no logits are computed.
+        call on this model. With logits_from=None no logits are computed. At most n_batch rows can
+        be asked for (EngineError otherwise).
         """
         n = len(tokens)
         if n == 0:
@@ -211,28 +204,33 @@ class Model:
         if len(self.tokens) + n > self.n_ctx:
             raise EngineError(f"context full: {len(self.tokens) + n} tokens > n_ctx {self.n_ctx} ({self.name})")
         start_out = n if logits_from is None else (logits_from if logits_from >= 0 else n + logits_from)
-        if n - start_out > self.n_batch:
-            raise EngineError(f"cannot return {n - start_out} logit rows in one batch of {self.n_batch}")
+        if not 0 <= start_out <= n:
+            raise EngineError(f"logits_from {logits_from} is outside a block of {n} tokens")
+        rows = n - start_out
+        if rows > self.n_batch:
+            raise EngineError(f"cannot return {rows} logit rows in one batch of {self.n_batch}")
         arr = np.asarray(tokens, dtype=np.int32)
         base = len(self.tokens)
-        rows = 0
-        for lo in range(0, n, self.n_batch):
-            hi = min(lo + self.n_batch, n)
-            m = hi - lo
-            self._tok[:m] = arr[lo:hi]
-            self._pos[:m] = np.arange(base + lo, base + hi, dtype=np.int32)
-            out = self._out[:m]
-            out[:] = 0
-            first = max(start_out - lo, 0)
-            if first < m:
-                out[first:] = 1
-            rows = m - min(first, m)
-            self._batch.n_tokens = m
-            rc = C.llama_decode(self._ctx, self._batch)
-            if rc != 0:
-                self.truncate(base + lo)  # drop whatever part of the block may have landed
-                raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
-            self.tokens.extend(arr[lo:hi].tolist())
+        # llama.cpp keeps only the last decode's logits, so every row asked for goes into the last
+        # decode: it holds the final n_batch tokens, the ones before go in n_batch chunks (the
+        # short one first), the fewest decodes there can be.
+        last = max(n - self.n_batch, 0)
+        edges = [0, *range(last, 0, -self.n_batch)[::-1], n]
+        with self._abortable(n > _ABORTABLE):
+            for lo, hi in zip(edges, edges[1:]):
+                m = hi - lo
+                self._tok[:m] = arr[lo:hi]
+                self._pos[:m] = np.arange(base + lo, base + hi, dtype=np.int32)
+                out = self._out[:m]
+                out[:] = 0
+                if hi == n and rows:
+                    out[start_out - lo:] = 1
+                self._batch.n_tokens = m
+                rc = C.llama_decode(self._ctx, self._batch)
+                if rc != 0:
+                    self.truncate(base + lo)  # drop whatever part of the block may have landed
+                    raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
+                self.tokens.extend(arr[lo:hi].tolist())
         if rows == 0:
             return None
         ptr = C.llama_get_logits(self._ctx)
@@ -244,6 +242,21 @@ class Model:
                 self._views.clear()
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
         return view
+
+    @contextmanager
+    def _abortable(self, long: bool) -> Iterator[None]:
+        """A long prefill (seconds on a big model) stops at Ctrl-C through llama.cpp's abort
+        callback. Steps go without it: ggml calls it between graph nodes, a Python call each, which
+        would cost a step on a GPU more than the host work it has."""
+        if not long:
+            yield
+            return
+        C.llama_set_abort_callback(self._ctx, _abort_requested, None)
+        try:
+            with interrupt.deferred():
+                yield
+        finally:
+            C.llama_set_abort_callback(self._ctx, C.ggml_abort_callback(), None)
 
     def truncate(self, n: int) -> None:
         """Keep the first n tokens of the cache, remove the rest."""

@@ -1,0 +1,198 @@
+"""Sampled speculative decoding end to end on the real models, with k = 4 drafts verified at once.
+
+Every run generates L = 5 tokens at temperature 1 with top-k 40 / top-p 0.95, a FIXED k = 4 and a
+seed of its own, so its first step drafts 4 tokens and verifies 5 rows in one batch (prompt lookup,
+on a repetitive prompt, proposes the tokens that followed the last match).
+
+The law. For each emitted token x_i, p_i = p(. | prompt, x_1..x_{i-1}) is the target's own
+processed distribution, computed afresh by one batched evaluation of the sampled prefix. If the
+decoder is exact, x_i is a draw from p_i given everything that happened before it (earlier tokens,
+drafts, acceptances) — in every run, at every position.
+
+Statistic 1, every position: each token is classed by its rank in p_i (most likely, second, third,
+any other; all end-of-generation ids count as one token, as the decoder does not say which ended
+it). Given the past, the class is a draw from c_i = (p_i's three largest probabilities, the rest),
+so with O the class counts, E = sum c_i and V = sum (diag c_i - c_i c_i^T), the statistic
+(O - E)' V^-1 (O - E) over three classes is chi-square(3) (martingale central limit theorem: the
+p_i may all differ). Only tokens emitted by steps that verified >= 2 drafted tokens, at positions
+whose p_i has >= 2 tokens, enter: both are decided before x_i is drawn, so the selection keeps the
+law. Statistic 2, the first token: Pearson chi-square of its counts against p_1 (every run shares
+that prefix, which leaves ~18 tokens after truncation), cells under 5 expected pooled. Each is
+compared with its 1e-4 critical value (Wilson-Hilferty, slightly conservative): over random seeds
+a correct decoder would fail about twice in 10,000 runs (the seeds here are fixed, so the outcome
+is reproducible). Check 3: every token lies in its p_i's support (one forbidden token fails).
+
+Teeth: the same runs with a wrong acceptance rule patched into the decoder (always accept;
+resample from p instead of the residual max(0, p - q)) must fail. For the model drafter these use
+the draft with its logits sharpened (`Scaled`): the real Q4_1 self-draft agrees with the F32
+target to ~97 %, so a wrong rule moves each token's law by a few percent only (~10^5 runs to see).
+The sharpened draft still drafts through `ModelDrafter` with a real model; exactness must hold for
+any draft, and one far from the target rejects, and resamples from the residual, on most runs.
+
+The processed rows come from localspec.sampling.distribution, which test_sampling_real checks
+against the float64 reference; what is under test here is the speculation around it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import localspec.decoder
+from localspec.config import DecodeConfig, SamplingConfig
+from localspec.decoder import generate_steps
+from localspec.drafters import ModelDrafter, PromptLookup
+from localspec.sampling import distribution
+from tests.test_acceptance import chi2_check, chi2_critical
+
+CFG = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.0)
+K = 4
+L = 5
+CLASSES = 4   # rank 1, 2, 3, the rest
+ALPHA = 1e-4
+# Repetitive, so prompt lookup has a match from the first step; ending mid-phrase, so the first
+# token is uncertain.
+PROMPT = "The cat sat on the mat. The dog sat on the rug. The cat sat on the mat. The dog sat on the rug. The cat sat on the"
+RUNS = {"model": 150, "sharp": 200, "lookup": 200}
+
+
+class Scaled:
+    """A model whose logits are multiplied by `scale` (> 1: a sharper, colder draft)."""
+
+    def __init__(self, model, scale: float = 3.0):
+        self._model = model
+        self._scale = np.float32(scale)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def eval(self, tokens, logits_from=None):
+        rows = self._model.eval(tokens, logits_from)
+        return None if rows is None else rows * self._scale
+
+
+def make_drafter(kind: str, draft):
+    if kind == "lookup":
+        return PromptLookup()
+    return ModelDrafter(draft if kind == "model" else Scaled(draft))
+
+
+class Target:
+    """The target's processed rows along sampled prefixes, each distinct prefix evaluated once."""
+
+    def __init__(self, model, prompt: list[int]):
+        self.model, self.prompt = model, prompt
+        self.eog = np.array([model.is_eog(t) for t in range(model.n_vocab)])
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}
+
+    def rows(self, tokens: list[int], n: int) -> list[np.ndarray]:
+        """p_1..p_n after the prompt along `tokens`, as probabilities over the vocabulary plus one
+        last entry: every end-of-generation id merged into one token."""
+        keys = [tuple(tokens[:i]) for i in range(n)]
+        if any(key not in self._rows for key in keys):
+            m = self.model
+            m.sync(self.prompt[:-1])
+            logits = m.eval([self.prompt[-1], *tokens[: n - 1]], logits_from=0)
+            for key, row in zip(keys, logits):
+                p = distribution(row, CFG).dense(m.n_vocab)
+                self._rows[key] = np.append(np.where(self.eog, 0.0, p), p[self.eog].sum())
+            m.truncate(len(self.prompt) - 1)
+        return [self._rows[key] for key in keys]
+
+
+def sample_runs(target, draft, kind: str, n: int, seed: int = 0):
+    """n runs, each seeded [seed, r]: per run (tokens, per position the n_drafted of the step that
+    emitted it (the end-of-generation position included), finish)."""
+    prompt = target.tokenize(PROMPT)
+    runs = []
+    for r in range(n):
+        tokens, verified, finish = [], [], None
+        for step in generate_steps(target, make_drafter(kind, draft), prompt, CFG, DecodeConfig(max_tokens=L, k=K),
+                                   rng=np.random.default_rng([seed, r])):
+            tokens += step.tokens
+            verified += [step.n_drafted] * (len(step.tokens) + (step.finish == "stop"))
+            finish = step.finish
+        runs.append((tokens, verified, finish))
+    return prompt, runs
+
+
+def check(target, prompt, runs) -> dict:
+    """The two statistics and the support check over `runs` (see the module doc)."""
+    ref = Target(target, prompt)
+    end = target.n_vocab   # the merged end-of-generation token
+    observed, expected, cov = np.zeros(CLASSES), np.zeros(CLASSES), np.zeros((CLASSES, CLASSES))
+    forbidden = tested = 0
+    first = []
+    for tokens, verified, finish in runs:
+        xs = tokens + [end] * (finish == "stop")
+        for x, p, n_drafted in zip(xs, ref.rows(tokens, len(xs)), verified):
+            if p[x] <= 0:
+                forbidden += 1
+                continue
+            if n_drafted < 2 or np.count_nonzero(p) < 2:
+                continue
+            top = np.argsort(-p, kind="stable")[: CLASSES - 1]
+            c = np.append(p[top], 1.0 - p[top].sum())
+            hit = np.flatnonzero(top == x)
+            observed[hit[0] if len(hit) else CLASSES - 1] += 1
+            expected += c
+            cov += np.diag(c) - np.outer(c, c)
+            tested += 1
+        first.append(xs[0])
+    d = (observed - expected)[:-1]   # the classes sum to the count: one is redundant
+    rank_stat = float(d @ np.linalg.solve(cov[:-1, :-1], d))
+    p1 = ref.rows([], 1)[0]
+    support = np.flatnonzero(p1)
+    cell = {int(t): i for i, t in enumerate(support)}
+    counts = np.zeros(len(support) + 1)   # the last cell: any token outside the support
+    for x in first:
+        counts[cell.get(x, len(support))] += 1
+    return {
+        "rank": rank_stat, "rank_crit": chi2_critical(CLASSES - 1, ALPHA), "tested": tested,
+        "observed": observed.tolist(), "expected": expected.round(1).tolist(),
+        "first": chi2_check(counts, np.append(p1[support], 0.0)), "forbidden": forbidden,
+    }
+
+
+@pytest.mark.parametrize("kind", list(RUNS))
+def test_k4_sampled_output_follows_the_target(target, draft, kind):
+    prompt, runs = sample_runs(target, draft, kind, RUNS[kind])
+    # A draft model stops drafting at an end-of-generation token, so a few runs open with fewer.
+    opened = [verified[0] for _, verified, _ in runs]
+    assert min(opened) >= 2 and opened.count(K) >= 0.9 * len(runs), "runs must open with k = 4 drafts"
+    result = check(target, prompt, runs)
+    print(kind, result)
+    assert result["tested"] >= 1.5 * len(runs)
+    assert result["forbidden"] == 0
+    assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
+    assert result["first"].ok, f"first token: {result['first']}"
+
+
+# ---- teeth ----------------------------------------------------------------------------------
+
+def always_accept(draft, p, q, rng):
+    k = len(draft)
+    return k, p[k].sample(rng)
+
+
+def residual_is_p(draft, p, q, rng):
+    """The right acceptance test, but a rejection resamples from p, not from max(0, p - q)."""
+    for i, x in enumerate(draft):
+        p_x, q_x = p[i].prob(x), (q[i].prob(x) if q is not None else 1.0)
+        if p_x > 0.0 and (p_x >= q_x or rng.random() * q_x < p_x):
+            continue
+        return i, p[i].sample(rng)
+    return len(draft), p[len(draft)].sample(rng)
+
+
+@pytest.mark.parametrize("rule,kind,n", [
+    (always_accept, "sharp", 60),
+    (always_accept, "lookup", 60),
+    (residual_is_p, "sharp", 250),   # power: a miss on other hardware ~0.2 % (noncentrality ~65)
+], ids=["always_accept-sharp", "always_accept-lookup", "residual_is_p-sharp"])
+def test_a_wrong_acceptance_rule_fails_the_same_statistic(target, draft, monkeypatch, rule, kind, n):
+    monkeypatch.setattr(localspec.decoder, "accept_sampled", rule)
+    prompt, runs = sample_runs(target, draft, kind, n)
+    result = check(target, prompt, runs)
+    print(rule.__name__, kind, result)
+    assert result["rank"] >= result["rank_crit"], f"{rule.__name__} passed the rank check: {result}"

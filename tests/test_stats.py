@@ -1,0 +1,82 @@
+"""RunStats: α is accepted / tested draft positions (the per-token probability of
+E(α, k) = (1 − α^(k+1)) / (1 − α)); draft efficiency is accepted / drafted. Synthetic steps only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.controller import expected_tokens
+from localspec.decoder import Step
+from localspec.stats import RunStats, positions_tested
+
+
+def step(n_drafted: int, n_accepted: int) -> Step:
+    """A step that drafted `n_drafted` and accepted `n_accepted`, plus the target's own token."""
+    return Step(tokens=tuple(range(n_accepted + 1)), from_draft=(True,) * n_accepted + (False,),
+                k=n_drafted, n_drafted=n_drafted, n_accepted=n_accepted,
+                t_draft=0.001 * n_drafted, t_verify=0.01, t_python=0.0)
+
+
+def stats_of(*steps: Step) -> RunStats:
+    st = RunStats()
+    for s in steps:
+        st.add(s)
+    return st
+
+
+def test_a_rejection_is_tested_and_the_positions_after_it_are_not():
+    # 4 drafted, 1 accepted: position 1 accepted, position 2 rejected, positions 3 and 4 never tested
+    assert positions_tested(4, 1) == 2
+    st = stats_of(step(4, 1))
+    assert (st.n_drafted, st.n_accepted, st.n_tested) == (4, 1, 2)
+    assert st.alpha == pytest.approx(1 / 2)
+    assert st.draft_efficiency == pytest.approx(1 / 4)
+
+
+def test_a_fully_accepted_step_tests_every_drafted_position():
+    assert positions_tested(4, 4) == 4
+    st = stats_of(step(4, 4))
+    assert st.n_tested == 4 and st.alpha == 1.0 and st.draft_efficiency == 1.0
+
+
+def test_a_rejection_at_the_first_position_tests_one():
+    assert positions_tested(5, 0) == 1
+    st = stats_of(step(5, 0))
+    assert st.n_tested == 1 and st.alpha == 0.0 and st.draft_efficiency == 0.0
+
+
+def test_totals_over_steps_and_the_summary_keys():
+    st = stats_of(step(4, 1), step(4, 4), step(0, 0), step(3, 0))
+    assert (st.n_drafted, st.n_accepted, st.n_tested) == (11, 5, 2 + 4 + 0 + 1)
+    assert st.alpha == pytest.approx(5 / 7)
+    assert st.draft_efficiency == pytest.approx(5 / 11)
+    assert st.draft_efficiency < st.alpha
+    s = st.summary()
+    assert s["n_tested"] == 7 and s["alpha"] == st.alpha and s["draft_efficiency"] == st.draft_efficiency
+
+
+def test_nothing_drafted_gives_no_alpha_and_no_efficiency():
+    st = stats_of(step(0, 0), step(0, 0))
+    assert st.n_tested == 0 and st.alpha is None and st.draft_efficiency is None
+    assert RunStats().summary()["alpha"] is None and RunStats().summary()["draft_efficiency"] is None
+
+
+@pytest.mark.parametrize("a", [0.5, 0.8, 0.95])
+def test_alpha_recovers_an_iid_acceptance_probability_and_draft_efficiency_does_not(a):
+    """Each drafted position is accepted with probability a, independently, until the first
+    rejection: α converges to a, and E(α, k) matches the tokens per pass; accepted / drafted does
+    neither (it converges to E[accepted] / k, below a)."""
+    rng = np.random.default_rng(1)
+    k, n = 8, 20000
+    st = RunStats()
+    for _ in range(n):
+        hits = rng.random(k) < a
+        n_acc = k if hits.all() else int(np.argmin(hits))   # accepted prefix up to the first miss
+        st.add(step(k, n_acc))
+    assert st.alpha == pytest.approx(a, abs=0.01)
+    assert st.tokens_per_step == pytest.approx(expected_tokens(st.alpha, k), rel=0.02)
+    efficiency = (expected_tokens(a, k) - 1) / k   # E[accepted] / k
+    assert st.draft_efficiency == pytest.approx(efficiency, abs=0.01)
+    assert st.draft_efficiency < a - 0.02
+    assert abs(st.tokens_per_step - expected_tokens(st.draft_efficiency, k)) > 0.1
