@@ -99,8 +99,8 @@ def run_drafter(target, drafter, prompts: Sequence[list[int]], sampling: Samplin
 
 def summarize_steps(steps: list) -> dict:
     """α as localspec.stats defines it (accepted / tested positions; positions after a rejection
-    are untested): `alpha_observed` as measured, `alpha` shrunk toward the controller's prior (what
-    the predictions use); `draft_efficiency` (accepted / drafted); coverage (share of steps that
+    are untested): `alpha` as measured, the same number generate and bench report, and
+    `alpha_estimate` shrunk toward the controller's prior (what the predictions use); `draft_efficiency` (accepted / drafted); coverage (share of steps that
     drafted anything), draft seconds per token and measured tokens/s."""
     drafted = [s for s in steps if s.n_drafted]
     trials = sum(positions_tested(s.n_drafted, s.n_accepted) for s in drafted)
@@ -112,8 +112,8 @@ def summarize_steps(steps: list) -> dict:
         "steps": len(steps), "tokens": sum(len(s.tokens) for s in steps),
         "n_drafted": n_drafted, "n_accepted": hits, "n_tested": trials,
         # the controller's prior, worth two trials: a dozen lucky hits do not make α = 1
-        "alpha": (hits + ALPHA_PRIOR * ALPHA_PRIOR_WEIGHT) / (trials + ALPHA_PRIOR_WEIGHT) if trials else None,
-        "alpha_observed": hits / trials if trials else None,
+        "alpha": hits / trials if trials else None,
+        "alpha_estimate": (hits + ALPHA_PRIOR * ALPHA_PRIOR_WEIGHT) / (trials + ALPHA_PRIOR_WEIGHT) if trials else None,
         "draft_efficiency": hits / n_drafted if n_drafted else None,
         "coverage": len(drafted) / len(steps) if steps else None,
         "draft_cost": typical(per_tok) if per_tok else None,
@@ -217,7 +217,7 @@ def calibrate(target, draft, drafters: Sequence[str], sampling: SamplingConfig, 
     for name, steps in measured.items():
         stats = summarize_steps(steps)
         t_draft = stats["draft_cost"] or 0.0
-        model = predict(stats["alpha"], stats["coverage"] or 0.0, t_draft, t_verify, overhead)
+        model = predict(stats["alpha_estimate"], stats["coverage"] or 0.0, t_draft, t_verify, overhead)
         plain_tps = plain_stats["measured_tokens_per_second"]
         meas = (stats["measured_tokens_per_second"] / plain_tps
                 if plain_tps and stats["measured_tokens_per_second"] else None)

@@ -58,6 +58,8 @@ def generate(
     """Generate text with speculative decoding; the output is distributed exactly as the target's."""
     from .engine import EngineError
 
+    if not special and chat:
+        fail("--no-special applies to raw prompts: add --raw (a chat template's own tokens are always special)")
     text = read_prompt(prompt)
     system = None if system is None else o.utf8(system, "--system")
     stop = [o.utf8(s, "--stop") for s in stop or ()]
@@ -97,7 +99,7 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
         if first_step_at is None:
             first_step_at = time.perf_counter() - start - chunk.step.t_draft - chunk.step.t_verify - chunk.step.t_python
         stats.add(chunk.step)
-        out_tokens.extend(chunk.step.tokens)
+        out_tokens.extend(chunk.tokens)
         pieces.append(chunk.text)
         if not as_json and chunk.text:
             sys.stdout.write(chunk.text)
@@ -158,11 +160,15 @@ _register_commands()
 
 def _print_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version as installed
+        from importlib.metadata import PackageNotFoundError, version
 
         from .engine import library_version
 
-        typer.echo(f"localspec {installed('localspec')} (llama-cpp-python {library_version()})")
+        try:
+            mine = version("localspec")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            from . import __version__ as mine
+        typer.echo(f"localspec {mine} (llama-cpp-python {library_version()})")
         raise typer.Exit()
 
 
@@ -177,12 +183,15 @@ def _root(
 def main() -> None:
     """The entry point: every way a run can end becomes an exit code and at most one line."""
     from .config import ConfigError
+    from .engine.files import EngineError
     from .gguf_info import GGUFFormatError
     from .sampling import BadLogits
 
     usage, aborts, no_args = _click_exceptions()
     try:
         code = app(standalone_mode=False)
+    except SystemExit as e:  # Typer's own exits (a broken pipe: 1)
+        code = e.code
     except (KeyboardInterrupt, *aborts):
         code = 130
     except no_args as e:
@@ -192,9 +201,11 @@ def main() -> None:
         # Click's usage errors come as a box of several lines; the promise is one line.
         ctx = getattr(e, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        code = _error(f"{e.format_message()}{hint}", e.exit_code)
-    except (ConfigError, GGUFFormatError, BadLogits) as e:
+        code = _error(f"{e.format_message()}{hint}")
+    except (ConfigError, EngineError, GGUFFormatError, BadLogits) as e:
         code = _error(e)
+    except BrokenPipeError:
+        code = 0  # the reader (`| head`) has what it wanted
     except OSError as e:
         code = _error(f"{e.strerror or e}: {e.filename}" if e.filename else e)
     except Exception as e:
@@ -204,6 +215,10 @@ def main() -> None:
                       "the traceback, and please report it", 1)
     if code == 130:
         typer.echo("\ninterrupted", err=True)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # else Python reports it again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     raise SystemExit(code or 0)
 
 

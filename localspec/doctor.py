@@ -227,7 +227,7 @@ def _recommend(calibration: dict, vocab: dict | None) -> dict:
     if "model" in pays or (pays and "model" not in measured):
         rec = pick("model" if "model" in pays else "lookup")
         d = pays[rec["drafter"]]
-        rec["reason"] = f"α {d['alpha_observed']:.2f} at T={temp:g}; predicted {d['predicted_speedup']:.2f}× plain decoding"
+        rec["reason"] = f"α {d['alpha']:.2f} at T={temp:g}; predicted {d['predicted_speedup']:.2f}× plain decoding"
         if rec["drafter"] == "lookup":
             rec["reason"] += " when the output repeats the prompt (editing, refactoring); little gain on open chat"
         elif editing:

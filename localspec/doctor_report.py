@@ -85,7 +85,7 @@ def format_report(r: dict) -> str:
             # α as measured, per tested position (the predictions shrink it toward a prior worth
             # two trials); draft efficiency per drafted token, lower: untested positions count
             sample = f"{d['n_tested']} tested of {d['n_drafted']} drafted, draft efficiency {d['draft_efficiency']:.2f}"
-            add(f"  {name:<10} α {d['alpha_observed']:.2f} ({sample}){cov} · draft "
+            add(f"  {name:<10} α {d['alpha']:.2f} ({sample}){cov} · draft "
                 f"{d['draft_cost'] * 1e3:.2f} ms/token{meas} · {best}")
         for name, why in c.get("skipped", {}).items():
             add(f"  {name:<10} skipped: {why}")

@@ -83,8 +83,9 @@ class ModelDrafter:
         self.offset = 0  # the draft's cache holds context[offset:]
 
     def prepare(self, context: Sequence[int]) -> None:
-        self.offset = 0
-        self.model.sync(context[:-1])
+        lacking = [i for i, t in enumerate(context) if t >= self.model.n_vocab]
+        self.offset = lacking[-1] + 1 if lacking else 0  # see propose
+        self.model.sync(context[self.offset:-1])
 
     def limit(self, context: Sequence[int], k_max: int) -> int | None:
         return None
@@ -101,9 +102,19 @@ class ModelDrafter:
         if len(view) - keep > self.MAX_CATCHUP:
             self.offset = max(len(context) - self.WINDOW, 0)
             view, keep = context[self.offset :], 0
+        fresh = view[keep:]
+        if fresh and max(fresh) >= m.n_vocab:
+            # A target with a padded vocabulary emitted an id this draft lacks (llama.cpp would
+            # refuse it): the draft reads on from the text after it, and drafts nothing until then.
+            self.offset += keep + max(i for i, t in enumerate(fresh) if t >= m.n_vocab) + 1
+            view, keep = context[self.offset:], 0
+            fresh = view
+        if not fresh:
+            m.truncate(0)
+            return Draft([])
         m.truncate(keep)
         start = time.perf_counter()
-        logits = m.eval(view[keep:], logits_from=-1)
+        logits = m.eval(fresh, logits_from=-1)
         # Usually 1-2 unseen tokens (the target's last token, maybe the last draft); more means it
         # sat out plain steps and had to catch up.
         catchup = time.perf_counter() - start if len(view) - keep > SYNC_LAG else 0.0

@@ -61,6 +61,8 @@ def _parse(buf, size: int) -> GGUFInfo:
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
     if version not in (2, 3):
         raise GGUFFormatError(f"GGUF version {version}; llama.cpp reads versions 2 and 3")
+    if n_kv > 1 << 16 or n_tensors > 1 << 20:  # real files: dozens of keys, thousands of tensors
+        raise GGUFFormatError(f"implausible header: {n_kv} metadata keys, {n_tensors} tensors")
     pos = 24
     alignment = 32
     try:

@@ -66,17 +66,22 @@ def resolve_files(cfg: LoadConfig, notice: Callable[[str], None] | None = None) 
     target, draft = defaults.default_pair(cfg.target, cfg.draft, drafter == "model", notice)
     for path in (target, draft):
         if path is not None:
-            check_gguf(path)  # both files, before spending time loading either
+            _with_rebuild_hint(check_gguf, path)  # both files, before spending time loading either
     return replace(cfg, target=str(target), draft=None if draft is None else str(draft), drafter=drafter)
 
 
 def _load(cfg: ModelConfig) -> Model:
+    return _with_rebuild_hint(Model, cfg, path=cfg.path)
+
+
+def _with_rebuild_hint(call, arg, path=None):
+    """call(arg); a broken file that localspec made itself is one to delete, and it says so."""
     from . import defaults
 
     try:
-        return Model(cfg)
+        return call(arg)
     except EngineError as e:
-        if defaults.in_cache(cfg.path) and str(e).startswith("failed to load"):
+        if defaults.in_cache(path or arg) and "not found" not in str(e):
             raise EngineError(f"{e}. It is a copy localspec made: delete it and the next run makes it "
                               "again") from None
         raise

@@ -52,7 +52,9 @@ class RunStats:
     step_tokens: list[int] = field(default_factory=list)
 
     def add(self, step: Step) -> None:
-        self.n_tokens += len(step.tokens)
+        # A stop string may take back tokens of earlier passes (step.withdrawn): they are not output.
+        made = len(step.tokens) - step.withdrawn
+        self.n_tokens += made
         self.n_steps += 1
         self.n_drafted += step.n_drafted
         self.n_accepted += step.n_accepted
@@ -75,7 +77,7 @@ class RunStats:
             if i < step.n_accepted:
                 self.accepted_at[i] += 1
         self.step_seconds.append(step.t_draft + step.t_verify + step.t_python)
-        self.step_tokens.append(len(step.tokens))
+        self.step_tokens.append(max(made, 0))
         if step.finish:
             self.finish = step.finish
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import time
 from bisect import bisect_left
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from .decoder import Step, generate_steps
@@ -25,9 +25,12 @@ class Chunk:
     text: str
     """Text that became final this step (may be empty while a multi-byte char or stop string is pending)."""
     step: Step
-    """The decoder step that produced it, its `tokens` and `from_draft` narrowed to the tokens
-    released now: a token whose text could still begin a stop string is held back to a later
-    chunk (or dropped when the stop string completes), so the chunks' tokens add up to the output."""
+    """The decoder step (one target pass) behind it, as the decoder reported it: what the pass
+    produced, for statistics per pass."""
+    tokens: tuple[int, ...]
+    """The tokens released now: a token whose text could still begin a stop string is held back
+    to a later chunk (or dropped when the stop string completes), so the chunks' tokens add up to
+    the output."""
     pieces: tuple[tuple[str, bool], ...]
     """Per released token: (its text, came from an accepted draft) — for highlighting. Joined over
     all chunks they give the text shown (the token a stop string begins in is cut at it)."""
@@ -121,9 +124,8 @@ def stream_text(target, drafter, prompt, sampling, decode, controller=None, rng=
             shown, released = text.take(final=step.finish is not None)
             n = len(released)
             pieces = tuple(zip((piece for _, piece in released), flags[:n]))
-            step = replace(step, tokens=tuple(t for t, _ in released), from_draft=tuple(flags[:n]), withdrawn=0)
             del flags[:n]
-            yield Chunk(shown, step, pieces, time.perf_counter() - start)
+            yield Chunk(shown, step, tuple(t for t, _ in released), pieces, time.perf_counter() - start)
             if step.finish is not None:
                 return
     finally:

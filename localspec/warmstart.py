@@ -202,7 +202,7 @@ def save_calibration(target, draft, gpu_layers: dict[str, int], calibration: dic
         if d["alpha"] is None:
             continue
         drafters[name] = {"alpha": {band(calibration["sampling"]["temperature"]): {
-            "alpha": d["alpha"], "by_position": [], "trials": d["n_tested"]}}}
+            "alpha": d["alpha_estimate"], "by_position": [], "trials": d["n_tested"]}}}
         if d["draft_cost"] is not None:
             drafters[name]["draft_cost"] = d["draft_cost"]
     keys = [pair_key(target, draft, gpu_layers)]

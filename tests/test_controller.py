@@ -2,6 +2,9 @@
 
 Each simulated step: the controller picks k, the accepted prefix is drawn from per-position
 acceptance rates, and the timings are a cost curve times (1 +/- 5%) noise. Seeds are fixed.
+
+Long because each controller decision (start-up, fallback, refresh, fits, warm start, floors)
+needs its own simulated stream, and they share the helpers at the top.
 """
 
 from __future__ import annotations

@@ -68,9 +68,9 @@ def test_calibration_numbers_are_positive(report):
     assert 0 <= model["alpha"] <= 1 and model["draft_cost"] > 0 and model["n_drafted"] > 0
     # α per tested position, draft efficiency per drafted token: never above α
     assert 0 < model["n_tested"] <= model["n_drafted"]
-    assert model["alpha_observed"] == pytest.approx(model["n_accepted"] / model["n_tested"])
+    assert model["alpha"] == pytest.approx(model["n_accepted"] / model["n_tested"])
     assert model["draft_efficiency"] == pytest.approx(model["n_accepted"] / model["n_drafted"])
-    assert model["draft_efficiency"] <= model["alpha_observed"]
+    assert model["draft_efficiency"] <= model["alpha"]
     for d in cal["drafters"].values():
         assert len(d["predicted_speedup_by_k"]) == calibrate.K_MAX + 1
         assert 0 <= d["best_k"] <= calibrate.K_MAX and d["predicted_speedup"] > 0
@@ -282,15 +282,15 @@ def test_alpha_is_per_token_and_shrunk_toward_the_prior():
 
     stats = calibrate.summarize_steps([step(4, 4), step(4, 1), step(0, 0)])
     # 4 of 4, then 1 hit and 1 miss; the 2 positions after the miss were never tested
-    assert stats["n_tested"] == 6 and stats["alpha_observed"] == 5 / 6
-    assert stats["alpha"] == pytest.approx((5 + 0.7 * 2) / (6 + 2))
+    assert stats["n_tested"] == 6 and stats["alpha"] == 5 / 6
+    assert stats["alpha_estimate"] == pytest.approx((5 + 0.7 * 2) / (6 + 2))
     assert stats["coverage"] == pytest.approx(2 / 3) and stats["draft_efficiency"] == 5 / 8
     assert stats["draft_cost"] == pytest.approx(0.004)
 
 
 def calibration_with(**speedups) -> dict:
     return {"sampling": {"temperature": 0.8}, "drafters": {
-        name: {"alpha": 0.8, "alpha_observed": 0.8, "best_k": 3 if s >= 1 else 0, "predicted_speedup": max(s, 1.0),
+        name: {"alpha": 0.8, "alpha_estimate": 0.8, "best_k": 3 if s >= 1 else 0, "predicted_speedup": max(s, 1.0),
                "predicted_speedup_by_k": [1.0, s, s, s]} for name, s in speedups.items()}}
 
 

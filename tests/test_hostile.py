@@ -3,7 +3,11 @@
 Each case states how it must end: most with exit code 2 and one `error:` line naming the problem
 (no traceback, no Click box), some with success (`--seed -1`, `--threads` above the cores, two
 first runs at once), Ctrl-C with 130 within a second. Faults that need an unprivileged user run
-the CLI in a subprocess that drops root; a full disk is simulated at the call that would fail.
+the CLI in a subprocess without root's file capabilities; a full disk is simulated at the call that
+would fail, and made real on a small tmpfs where mounting one is allowed.
+
+Long because the cases are the point: one table of exit-2 cases, then the faults that each need
+their own setup (capabilities, a tmpfs, signals, concurrent processes).
 """
 
 from __future__ import annotations
@@ -29,6 +33,20 @@ def run(*args: str, stdin: bytes | None = None, env: dict | None = None, timeout
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(CLI + list(args), input=stdin if stdin is not None else b"", capture_output=True,
                           env=full_env, timeout=timeout, cwd=REPO, **kw)
+
+
+def run_in_terminal(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run with a pseudo-terminal as stdin and stdout (stderr captured), as `chat` wants."""
+    import pty
+
+    main, child = pty.openpty()
+    try:
+        r = subprocess.run(CLI + list(args), stdin=child, stdout=child, stderr=subprocess.PIPE, cwd=REPO,
+                           env={**os.environ, **(env or {})}, timeout=timeout)
+    finally:
+        os.close(child)
+        os.close(main)
+    return subprocess.CompletedProcess(r.args, r.returncode, b"", r.stderr)
 
 
 def one_error_line(r: subprocess.CompletedProcess) -> str:
@@ -147,19 +165,23 @@ EXIT_2 = [
     ("chat-target-missing", ["chat", "--target", "{d}/missing.gguf"], None, None, "not found"),
     ("chat-target-truncated-header", ["chat", "--target", "{d}/notes.gguf"], None, None, "not a GGUF"),
     ("chat-without-terminal", ["chat"], None, None, "terminal"),
+    ("no-special-without-raw", [*GEN, "--no-special"], None, None, "--raw"),
     ("chat-max-tokens-0", ["chat", "--max-tokens", "0"], None, None, "max-tokens"),
+    ("chat-system-not-utf8", ["chat", "--system", b"\xff"], None, None, "not UTF-8"),
+    ("chat-cache-is-a-file", ["chat"], None, {"LOCALSPEC_CACHE": "/etc/passwd"}, "LOCALSPEC_CACHE"),
+    ("models-extra-argument", ["models", "extra"], None, None, "extra"),
+    ("models-unknown-option", ["models", "--yaml"], None, None, "--yaml"),
 ]
 
 
 @pytest.mark.parametrize("args, stdin, env, needle", [c[1:] for c in EXIT_2], ids=[c[0] for c in EXIT_2])
 def test_bad_input_ends_with_one_error_line(bad, args, stdin, env, needle):
     argv = [a.replace("{d}", str(bad)) if isinstance(a, str) else os.fsdecode(a) for a in args]
-    line = one_error_line(run(*argv, stdin=stdin, env=env, timeout=60))
+    if argv[0] == "chat" and needle != "terminal":
+        line = one_error_line(run_in_terminal(*argv, env=env))  # with a terminal: the screen must not open
+    else:
+        line = one_error_line(run(*argv, stdin=stdin, env=env, timeout=60))
     assert needle in line, line
-
-
-def test_there_are_at_least_sixty_cases():
-    assert len(EXIT_2) >= 60
 
 
 # -- cases that succeed --------------------------------------------------------------------------
@@ -229,6 +251,24 @@ def test_doctor_and_generate_agree_on_a_padded_pair(tmp_path):
             assert gen.returncode == 0, gen.stderr
         else:
             assert "sizes differ" in one_error_line(gen)
+
+
+def test_a_padded_target_whose_extra_ids_the_draft_lacks(tmp_path):
+    """Qwen2.5 7B (152064 ids) with 0.5B (151936): the target may emit an id the draft's
+    vocabulary lacks, which llama.cpp would refuse to decode in the draft; the drafter reads on after
+    it. The tiny random target emits its 100 extra ids often, so the case is exercised."""
+    plain = write_tiny_gguf(tmp_path / "a.gguf")
+    padded = write_tiny_gguf(tmp_path / "p.gguf", [*TOKENS, *(f"▁pad{i}" for i in range(100))], seed=2)
+    emitted_extra = False
+    for seed in range(4):
+        r = run("generate", "hi the", "--raw", "--target", str(padded), "--draft", str(plain), "--max-tokens", "40",
+                "-k", "3", "--temperature", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", str(seed),
+                "--n-ctx", "128", "--threads", "1", "--json")
+        assert r.returncode == 0, r.stderr.decode()
+        data = json.loads(r.stdout)
+        emitted_extra |= any(t >= len(TOKENS) for t in data["tokens"])
+        assert data["n_drafted"] > 0
+    assert emitted_extra, "the target never emitted an id the draft lacks: the test proved nothing"
 
 
 # -- faults: unprivileged user, full disk ------------------------------------------------------
@@ -352,6 +392,7 @@ def test_ctrl_c_while_the_model_loads(model_paths):
     rest = proc.stderr.read().decode("utf-8", "replace")
     assert proc.returncode == 130, rest[-2000:]
     assert took < 1.0 and "interrupted" in rest and "Traceback" not in rest
+    assert "cancelled model load" in rest  # llama.cpp stopped loading, rather than finishing first
     assert proc.stdout.read() == b""  # nothing was generated
 
 
@@ -398,7 +439,9 @@ def test_ctrl_c_stops_a_long_prefill_midway(model_paths):
         tokens = m.tokenize("hello world " * 1000)[:2000]
         start = time.perf_counter()
         m.eval(tokens[:600])
-        whole = (time.perf_counter() - start) * 2000 / 600
+        whole = (time.perf_counter() - start) * 1800 / 600
+        if whole < 0.6:
+            pytest.skip(f"a 1800-token prefill takes only {whole:.2f} s on this machine")
         m.eval(tokens[600:700])
         before = list(m.tokens)
         threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
@@ -406,6 +449,6 @@ def test_ctrl_c_stops_a_long_prefill_midway(model_paths):
         with pytest.raises(KeyboardInterrupt):
             m.eval(tokens[:1800])
         took = time.perf_counter() - start
-        assert took < min(0.6, whole / 2), (took, whole)
+        assert took < min(0.5, whole / 2), (took, whole)
         assert m.tokens == before
         assert m.eval(tokens[700:702], logits_from=-1).shape == (1, m.n_vocab)  # still usable

@@ -112,9 +112,9 @@ def _stream(target, drafter, prompt, stop, max_tokens, k):
     for chunk in stream_text(target, drafter, prompt, GREEDY, DecodeConfig(max_tokens=max_tokens, k=k, stop=(stop,))):
         stats.add(chunk.step)
         text += chunk.text
-        tokens += chunk.step.tokens
+        tokens += chunk.tokens
         pieces += "".join(p for p, _ in chunk.pieces)
-        assert len(chunk.step.from_draft) == len(chunk.step.tokens) == len(chunk.pieces)
+        assert len(chunk.tokens) == len(chunk.pieces)
     return text, tokens, pieces, stats
 
 

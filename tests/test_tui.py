@@ -142,9 +142,10 @@ def test_stop_mid_reply_then_next_reply_matches_a_fresh_session(session):
             # Where Esc lands varies, and so does the history: now and then it meets a near-tie,
             # where a token scored inside a verify batch rounds to the runner-up (principle 1).
             # Only that is allowed: at the first token whose text differs, plain's top two are close.
-            plain = [t for c in chunks for t in c.step.tokens]
+            plain = [t for c in chunks for t in c.tokens]
             same = common_prefix(got, want)
-            i = next(j for j in range(len(plain)) if len(target.detokenize(plain[: j + 1])) > same)
+            # (past plain's last token: plain ended there, choosing end-of-generation)
+            i = next((j for j in range(len(plain)) if len(target.detokenize(plain[: j + 1])) > same), len(plain))
             context = prompt + plain[:i]
             target.sync(context[:-1])
             top = np.sort(np.array(target.eval(context[-1:], logits_from=0)[0]))[-2:]

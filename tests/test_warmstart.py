@@ -74,12 +74,13 @@ def test_alpha_is_kept_per_drafter_and_temperature_band(pair):
 
 def test_calibration_records_alpha_with_its_tested_positions_as_trials(pair):
     cal = {"verify_cost": {"1": 0.01, "5": 0.02}, "sampling": {"temperature": 0.0}, "drafters": {
-        "model": {"alpha": 0.8, "n_tested": 30, "n_drafted": 48, "draft_cost": 0.002},
-        "lookup": {"alpha": None, "n_tested": 0, "n_drafted": 0, "draft_cost": None}}}
+        "model": {"alpha": 0.79, "alpha_estimate": 0.8, "n_tested": 30, "n_drafted": 48, "draft_cost": 0.002},
+        "lookup": {"alpha": None, "alpha_estimate": None, "n_tested": 0, "n_drafted": 0, "draft_cost": None}}}
     layers = {"target": -1, "draft": -1}
     path = warmstart.save_calibration(pair.target, pair.draft, layers, cal)[0]
     a = json.loads(path.read_text())["drafters"]["model"]["alpha"]["greedy"]
-    assert a["alpha"] == 0.8 and a["trials"] == 30   # tested positions, α's sample; not the 48 drafted
+    # the estimate the predictions use, over tested positions (α's sample), not the 48 drafted
+    assert a["alpha"] == 0.8 and a["trials"] == 30
     # A record written before trials counted tested positions holds the same α: still used.
     rec = json.loads(path.read_text())
     rec["drafters"]["model"]["alpha"]["greedy"]["trials"] = 48

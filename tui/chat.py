@@ -200,7 +200,7 @@ class Chat:
             for chunk in stream:
                 self.live.add(chunk.step)
                 parts.append(chunk.text)
-                n_tokens += len(chunk.step.tokens)
+                n_tokens += len(chunk.tokens)
                 n_tested += positions_tested(chunk.step.n_drafted, chunk.step.n_accepted)
                 n_accepted += chunk.step.n_accepted
                 on_chunk(chunk)

@@ -33,11 +33,12 @@ def chat(
     try:
         opts = o.resolve(options, k=k)
         DecodeConfig(max_tokens=max_tokens, k=opts.k)   # validates max-tokens and -k now, in one line
-        # Missing or broken model files are reported here, in the shell, as `generate` does.
-        opts = replace(opts, load=resolve_files(opts.load, lambda m: typer.echo(m, err=True)))
+        system = None if system is None else o.utf8(system, "--system")
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise ConfigError("chat needs a terminal (stdin or stdout is not one); "
                               "use `localspec generate` in scripts and pipes")
+        # Missing or broken model files are reported here, in the shell, as `generate` does.
+        opts = replace(opts, load=resolve_files(opts.load, lambda m: typer.echo(m, err=True)))
     except (ConfigError, EngineError) as e:
         o.fail(e)
     if options["threads"] is None:

@@ -138,8 +138,14 @@ class Model:
         mparams.n_gpu_layers = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6
         mparams.progress_callback = _load_progress
         _recent_log.clear()
-        with interrupt.deferred():
-            self._model = C.llama_model_load_from_file(os.fsencode(self.path), mparams)
+        self._model = None
+        try:
+            with interrupt.deferred():
+                self._model = C.llama_model_load_from_file(os.fsencode(self.path), mparams)
+        except KeyboardInterrupt:
+            if self._model:  # the load had finished when the Ctrl-C was raised
+                C.llama_model_free(self._model)
+            raise
         if not self._model:
             raise EngineError(f"failed to load {self.path}: {load_failure(self.path, _recent_log)}")
         self.n_batch = max(1, cfg.n_batch)
@@ -216,21 +222,11 @@ class Model:
         # short one first), the fewest decodes there can be.
         last = max(n - self.n_batch, 0)
         edges = [0, *range(last, 0, -self.n_batch)[::-1], n]
-        with self._abortable(n > _ABORTABLE):
-            for lo, hi in zip(edges, edges[1:]):
-                m = hi - lo
-                self._tok[:m] = arr[lo:hi]
-                self._pos[:m] = np.arange(base + lo, base + hi, dtype=np.int32)
-                out = self._out[:m]
-                out[:] = 0
-                if hi == n and rows:
-                    out[start_out - lo:] = 1
-                self._batch.n_tokens = m
-                rc = C.llama_decode(self._ctx, self._batch)
-                if rc != 0:
-                    self.truncate(base + lo)  # drop whatever part of the block may have landed
-                    raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
-                self.tokens.extend(arr[lo:hi].tolist())
+        if n > _ABORTABLE:
+            with self._abortable():
+                self._decode(arr, edges, start_out, base)
+        else:
+            self._decode(arr, edges, start_out, base)
         if rows == 0:
             return None
         ptr = C.llama_get_logits(self._ctx)
@@ -243,14 +239,30 @@ class Model:
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
         return view
 
+    def _decode(self, arr: np.ndarray, edges: list[int], start_out: int, base: int) -> None:
+        """Decode arr in the blocks between `edges`; logits for rows from start_out on."""
+        n = len(arr)
+        for lo, hi in zip(edges, edges[1:]):
+            m = hi - lo
+            self._tok[:m] = arr[lo:hi]
+            self._pos[:m] = np.arange(base + lo, base + hi, dtype=np.int32)
+            out = self._out[:m]
+            out[:] = 0
+            if hi == n and start_out < n:
+                out[start_out - lo:] = 1
+            self._batch.n_tokens = m
+            rc = C.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                self.truncate(base + lo)  # drop whatever part of the block may have landed
+                raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
+            self.tokens.extend(arr[lo:hi].tolist())
+        interrupt.raise_pending()  # a Ctrl-C that landed in a log callback during the decodes
+
     @contextmanager
-    def _abortable(self, long: bool) -> Iterator[None]:
+    def _abortable(self) -> Iterator[None]:
         """A long prefill (seconds on a big model) stops at Ctrl-C through llama.cpp's abort
         callback. Steps go without it: ggml calls it between graph nodes, a Python call each, which
         would cost a step on a GPU more than the host work it has."""
-        if not long:
-            yield
-            return
         C.llama_set_abort_callback(self._ctx, _abort_requested, None)
         try:
             with interrupt.deferred():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +34,7 @@ def quantize(src: str | Path, dst: str | Path, ftype: str = "F32", threads: int 
         raise EngineError(f"unknown GGUF type {ftype}")
     _remove_stale_parts(dst)
     _check_space(src, dst, ftype)
-    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.part")
+    tmp = dst.with_name(f"{dst.name}.{_HOST}.{os.getpid()}.part")
     try:
         tmp.open("wb").close()
     except OSError as e:
@@ -42,7 +44,7 @@ def quantize(src: str | Path, dst: str | Path, ftype: str = "F32", threads: int 
            str(threads or default_threads())]
     # A session of its own: the terminal's Ctrl-C reaches only this process, which kills the child.
     child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, start_new_session=True)
+                             stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
     complete = False
     try:
         _, err = child.communicate()
@@ -88,10 +90,24 @@ def _check_space(src: Path, dst: Path, ftype: str) -> None:
                           f"{_mb(free)} is free; free some space or set LOCALSPEC_CACHE to another disk")
 
 
+_HOST = "".join(c for c in socket.gethostname() if c.isalnum() or c in "-_") or "host"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: if localspec itself is killed (SIGKILL, SIGTERM), the quantizer
+    must not write on for minutes. Linux only; elsewhere the part file is simply never promoted."""
+    if sys.platform.startswith("linux"):
+        import ctypes.util
+
+        ctypes.CDLL(ctypes.util.find_library("c") or None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _remove_stale_parts(dst: Path) -> None:
-    """`.part` files left by runs that were killed (their process is gone)."""
-    for part in dst.parent.glob(f"{dst.name}.*.part"):
-        pid = part.name[len(dst.name) + 1: -len(".part")]
+    """`.part` files left by runs on this host that were killed (their process is gone); a cache
+    shared with other hosts keeps theirs."""
+    prefix = f"{dst.name}.{_HOST}."
+    for part in dst.parent.glob(f"{prefix}*.part"):
+        pid = part.name[len(prefix): -len(".part")]
         if pid.isdigit() and not _alive(int(pid)):
             part.unlink(missing_ok=True)
 
