@@ -1,0 +1,382 @@
+"""`localspec serve`: an OpenAI-compatible HTTP server (Starlette + uvicorn) over one loaded pair.
+
+One generation at a time. The event loop reads, checks and tokenizes requests; a generation runs
+`stream_text` in the single worker thread and hands its text to the loop through an asyncio queue
+(`loop.call_soon_threadsafe`). Further requests wait in a bounded FIFO (`max_queue`); when it is
+full a request is answered 503 with Retry-After at once. The target's KV cache is reused across
+requests by common prefix (`Model.sync` in the decoder), so a chat that resends its history only
+prefills the new turn; `usage.prompt_tokens_details.cached_tokens` says how much was reused.
+
+Each request gets a fresh drafter (`Session.make_drafter`; the draft model's own cache is reused
+the same way); the k controller lives as long as the server, one per temperature band (greedy,
+sampled), warm-started from the saved record and saved every SAVE_EVERY requests and at shutdown.
+A client that goes away stops its generation within one step: the worker checks a flag between
+steps and closes the stream, whose `finally` rewinds the caches to the accepted text.
+The API itself (parsing, refusals, response objects) is `localspec.serve_api`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
+
+from . import warmstart
+from .controller import KController
+from .prefix import common_prefix
+from .serve_api import ApiError, Defaults, Reply, parse, too_long
+from .serve_http import (CountRequests, EventStream, api_error, http_error, internal_error, read_json, sse,
+                         watch_disconnect)
+from .serve_metrics import Metrics
+from .stats import RunStats
+from .stream import stream_text
+
+SAVE_EVERY = 16        # requests between saves of the controller record
+RETRY_AFTER = 2        # seconds, in the 503 of a full queue
+
+
+@dataclass
+class Job:
+    """One admitted request, between the event loop and the worker thread."""
+
+    prompt: list[int]
+    sampling: object
+    decode: object
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, kind: str, value) -> None:
+        """From the worker: hand (kind, value) to the request's coroutine."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
+        except RuntimeError:   # the loop has closed: nobody is listening any more
+            pass
+
+
+class Server:
+    """The state of a running server: the session, the queue, the controllers, the counters."""
+
+    def __init__(self, session, defaults: Defaults, *, api_key: str | None = None, max_queue: int = 16,
+                 cors_origins: tuple[str, ...] = (), warm_start: bool = True):
+        self.session = session
+        self.defaults = defaults
+        self.api_key = api_key
+        self.max_queue = max_queue
+        self.cors_origins = tuple(cors_origins)
+        self.warm_start = warm_start
+        self.model_id = Path(str(session.target.path)).stem
+        self.metrics = Metrics()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
+        self._lock: asyncio.Lock | None = None   # made in the server's event loop
+        self._waiting = 0
+        self._current: Job | None = None
+        self._closing = False
+        self._controllers: dict[str, KController] = {}
+        self._since_save = 0
+
+    # ---- the ASGI application -------------------------------------------------------------------
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+        middleware = [Middleware(CountRequests, metrics=self.metrics)]
+        if self.cors_origins:
+            middleware.append(Middleware(CORSMiddleware, allow_origins=list(self.cors_origins),
+                                         allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
+        handlers = {ApiError: api_error, HTTPException: http_error, Exception: internal_error}
+        return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers,
+                         lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+            raise ApiError("invalid or missing API key: send 'Authorization: Bearer KEY'", status=401,
+                           code="invalid_api_key", kind="authentication_error")
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": self.model_id, "busy": self._current is not None,
+                             "queue": self._waiting})
+
+    async def prometheus(self, request: Request) -> PlainTextResponse:
+        self._authorize(request)
+        return PlainTextResponse(self.metrics.render(self._waiting, self._current is not None),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def models(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        s = self.session
+        created = int(s.target.path.stat().st_mtime) if s.target.path.exists() else 0
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_id, "object": "model", "created": created, "owned_by": "localspec",
+            "localspec": {**s.describe(), "n_ctx": s.target.n_ctx},
+        }]})
+
+    async def chat_completions(self, request: Request):
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request):
+        return await self._complete(request, chat=False)
+
+    # ---- one request ----------------------------------------------------------------------------
+    async def _complete(self, request: Request, chat: bool):
+        self._authorize(request)
+        req = parse(await read_json(request), self.defaults, chat)
+        prompt = self._tokens(req)
+        self._admit()
+        job = Job(prompt, req.sampling, req.decode, asyncio.get_running_loop())
+        watcher = asyncio.create_task(watch_disconnect(request, job.cancel))
+        try:
+            await self._start(job)
+            reply = Reply(chat, self.model_id)
+            if req.stream:
+                watcher.cancel()   # StreamingResponse listens for the disconnect itself
+                return EventStream(self._events(job, reply, req.include_usage), job.cancel)
+            text, result = await _collect(job)
+        finally:
+            watcher.cancel()
+        return JSONResponse(reply.whole(text, result))
+
+    def _tokens(self, req) -> list[int]:
+        target = self.session.target
+        if req.chat:
+            if target.chat_template is None:
+                raise ApiError(f"{target.name} has no chat template; use /v1/completions with a raw prompt",
+                               param="messages", code="no_chat_template")
+            try:
+                tokens = target.chat_prompt(req.messages)
+            except Exception as e:  # the template's own checks (roles must alternate…)
+                raise ApiError(f"the chat template refused these messages: {e}", param="messages",
+                               code="invalid_value") from None
+        elif isinstance(req.prompt, str):
+            tokens = target.tokenize(req.prompt, add_special=True, parse_special=True)
+        else:
+            tokens = list(req.prompt)
+            if max(tokens) >= target.n_vocab:
+                raise ApiError(f"token id {max(tokens)} is outside the vocabulary ({target.n_vocab} ids)",
+                               param="prompt", code="invalid_value")
+        if not tokens:
+            raise ApiError("the prompt is empty", param="prompt", code="invalid_value")
+        if len(tokens) >= target.n_ctx - 1:
+            raise too_long(len(tokens), target.n_ctx, req.chat)
+        return tokens
+
+    def _admit(self) -> None:
+        """Take a place in the queue, or refuse at once (503) when it is full or shutting down."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self._closing:
+            raise ApiError("the server is shutting down", status=503, kind="server_error", code="shutting_down")
+        if (self._lock.locked() or self._waiting) and self._waiting >= self.max_queue:
+            raise ApiError(f"the server is busy: one generation runs and {self._waiting} requests wait "
+                           f"(--max-queue {self.max_queue}); retry later", status=503, kind="server_error",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER)})
+        self._waiting += 1
+
+    async def _start(self, job: Job) -> None:
+        """Wait for the generation slot (FIFO), then run `job` in the worker; the slot is freed when
+        the worker is done with it, not when the client goes."""
+        try:
+            await self._lock.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            future = job.loop.run_in_executor(self._executor, self._generate, job)
+        except BaseException:
+            self._lock.release()
+            raise
+        future.add_done_callback(lambda _: self._lock.release())
+
+    async def _events(self, job: Job, reply: Reply, include_usage: bool):
+        """Server-sent events: chunks, the finishing chunk, usage if asked for, [DONE]."""
+        if reply.chat:
+            yield sse(reply.chunk(first=True, include_usage=include_usage))
+        while True:
+            kind, value = await job.queue.get()
+            if kind == "text":
+                yield sse(reply.chunk(value, include_usage=include_usage))
+            elif kind == "error" or value["finish"] == "cancelled":
+                error = value if kind == "error" else ApiError("the server is shutting down", 503, kind="server_error")
+                yield sse(error.body())
+                break
+            else:
+                yield sse(reply.chunk(finish=value["finish"], include_usage=include_usage))
+                if include_usage:
+                    yield sse(reply.usage_chunk(value))
+                break
+        yield b"data: [DONE]\n\n"
+
+    # ---- the worker thread ----------------------------------------------------------------------
+    def _generate(self, job: Job) -> None:
+        """Run one generation (worker thread); every way it ends is emitted as "done" or "error"."""
+        if job.cancel.is_set():   # the client left while it waited
+            self.metrics.cancelled()
+            job.emit("done", {"finish": "cancelled"})
+            return
+        try:
+            self._current = job
+            self._run(job)
+        except Exception as e:
+            job.emit("error", ApiError(f"generation failed: {e}", status=500, kind="server_error",
+                                       code="generation_failed"))
+        finally:
+            self._current = None
+
+    def _run(self, job: Job) -> None:
+        session, target = self.session, self.session.target
+        drafter = session.make_drafter()
+        controller = self._controller(job.sampling.temperature, drafter)
+        cached = common_prefix(target.tokens, job.prompt[:-1])
+        stats, finish, prefill = RunStats(), None, None
+        start = time.perf_counter()
+        stream = stream_text(target, drafter, job.prompt, job.sampling, job.decode, controller,
+                             np.random.default_rng(job.sampling.seed))
+        try:
+            for chunk in stream:
+                step = chunk.step
+                if prefill is None:
+                    prefill = time.perf_counter() - start - step.t_draft - step.t_verify - step.t_python
+                stats.add(step)
+                if chunk.text:
+                    job.emit("text", chunk.text)
+                if step.finish is not None:
+                    finish = step.finish
+                elif job.cancel.is_set():
+                    finish = "cancelled"
+                    break
+        finally:
+            stream.close()   # rewinds the caches to the accepted text before anything else runs
+            self.metrics.generated(stats, finish)
+            self._maybe_save()
+        summary = stats.summary()
+        job.emit("done", {**summary, "finish": finish, "n_prompt": len(job.prompt), "n_cached": cached,
+                          "prefill_seconds": prefill, "drafter": session.drafter_kind,
+                          "seed": job.sampling.seed})
+
+    def _controller(self, temperature: float, drafter) -> KController:
+        band = warmstart.band(temperature)
+        if band not in self._controllers:
+            k = self.defaults.k
+            c = self._controllers[band] = KController(
+                max(12, k or 0), fixed_k=k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
+            if self.warm_start and drafter is not None:
+                warmstart.load_into(c, self.session, drafter.name, temperature)
+        return self._controllers[band]
+
+    def _maybe_save(self, force: bool = False) -> None:
+        self._since_save += 1
+        if not (force or self._since_save >= SAVE_EVERY) or not self.warm_start:
+            return
+        self._since_save = 0
+        if self.session.drafter_kind == "none":
+            return
+        for band, controller in self._controllers.items():
+            warmstart.save(controller, self.session, self.session.drafter_kind, 0.0 if band == "greedy" else 1.0)
+
+    # ---- ending ---------------------------------------------------------------------------------
+    def stop_generation(self) -> None:
+        """Shutdown has begun: refuse new requests, stop the running generation within a step."""
+        self._closing = True
+        job = self._current
+        if job is not None:
+            job.cancel.set()
+
+    def close(self) -> None:
+        """Wait for the worker, then save what the controllers learned (the session is the caller's)."""
+        self.stop_generation()
+        self._executor.shutdown(wait=True)
+        if self._since_save:
+            self._maybe_save(force=True)
+
+
+async def _collect(job: Job) -> tuple[str, dict]:
+    parts = []
+    while True:
+        kind, value = await job.queue.get()
+        if kind == "text":
+            parts.append(value)
+        elif kind == "error":
+            raise value
+        elif value["finish"] == "cancelled":
+            raise ApiError("the request was cancelled (client gone or server shutting down)", status=503,
+                           kind="server_error", code="cancelled")
+        else:
+            return "".join(parts), value
+
+
+# ---- running it --------------------------------------------------------------------------------
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn that stops the running generation as soon as shutdown is asked for."""
+
+    def __init__(self, config: uvicorn.Config, owner: Server):
+        super().__init__(config)
+        self.owner = owner
+
+    def handle_exit(self, sig, frame) -> None:
+        self.owner.stop_generation()
+        super().handle_exit(sig, frame)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket (port 0: a free one); OSError says why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_uvicorn(server: Server, log_level: str = "warning") -> _Uvicorn:
+    config = uvicorn.Config(server.app(), log_level=log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=5)
+    return _Uvicorn(config, server)
+
+
+def run(server: Server, sock: socket.socket, log_level: str = "warning") -> None:
+    """Serve on `sock` until Ctrl-C / SIGTERM (blocks)."""
+    make_uvicorn(server, log_level).run(sockets=[sock])
+
+
+def start_in_thread(server: Server, sock: socket.socket) -> tuple[_Uvicorn, threading.Thread]:
+    """Serve from a background thread (tests); stop with `.should_exit = True` and join."""
+    uv = make_uvicorn(server)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True, name="localspec-serve")
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    return uv, thread

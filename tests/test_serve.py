@@ -1,0 +1,267 @@
+"""`localspec serve` through the official `openai` client, on the embedded default pair.
+
+One server runs in-process (uvicorn in a thread, a free port) for the whole module; greedy (T = 0)
+answers are compared with `localspec generate` and with plain decoding on the same models.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+PROMPT = "Tell me about lighthouses."
+CLI = [sys.executable, "-m", "localspec"]
+
+
+@pytest.fixture(scope="module")
+def served(model_paths):
+    from localspec.config import SamplingConfig
+    from localspec.serve import Server, listen, start_in_thread
+    from localspec.serve_api import Defaults
+    from localspec.session import LoadConfig, Session
+
+    # One thread: the event loop, the test's clients and llama.cpp share two cores here.
+    session = Session.load(LoadConfig(threads=1))
+    defaults = Defaults(SamplingConfig(temperature=0.0), max_tokens=24)
+    server = Server(session, defaults, max_queue=16, warm_start=False)
+    sock = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    uv, thread = start_in_thread(server, sock)
+    yield SimpleNamespace(server=server, session=session, url=url)
+    uv.should_exit = True
+    thread.join(30)
+    session.close()
+
+
+def client(served, key: str = "none") -> "openai.OpenAI":
+    return openai.OpenAI(base_url=served.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def plain_greedy(served, tokens: list[int], max_tokens: int = 24) -> str:
+    """Plain decoding (no drafter) on the server's own target: what speculation must reproduce."""
+    from localspec.config import DecodeConfig, SamplingConfig
+    from localspec.stream import stream_text
+
+    wait_idle(served)
+    chunks = stream_text(served.session.target, None, tokens, SamplingConfig(temperature=0.0),
+                         DecodeConfig(max_tokens=max_tokens))
+    return "".join(c.text for c in chunks)
+
+
+def chat_tokens(served, text: str) -> list[int]:
+    return served.session.target.chat_prompt([{"role": "user", "content": text}])
+
+
+def wait_idle(served, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while served.server._current is not None or served.server._waiting:
+        assert time.monotonic() < deadline, "the server stayed busy"
+        time.sleep(0.01)
+
+
+def metric(served, name: str) -> float:
+    text = httpx.get(served.url + "/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"localspec_{name}"))
+
+
+def post(served, path: str, body, **kw) -> httpx.Response:
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(served.url + path, content=data, headers={"content-type": "application/json"}, timeout=60, **kw)
+
+
+def test_chat_equals_generate_streamed_or_not_with_localspec_usage(served):
+    r = subprocess.run(CLI + ["generate", PROMPT, "--json", "--temperature", "0", "--max-tokens", "24"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    expected = json.loads(r.stdout)["text"]
+    c = client(served)
+    whole = c.chat.completions.create(model="any", messages=[{"role": "user", "content": PROMPT}],
+                                      temperature=0, max_tokens=24)
+    assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == expected
+    assert whole.choices[0].finish_reason == "length"
+    u = whole.usage
+    assert u.completion_tokens == 24 and u.total_tokens == u.prompt_tokens + 24
+    ls = u.model_extra["localspec"]
+    assert ls["drafter"] == "model" and ls["n_drafted"] > 0 and 0 <= ls["alpha"] <= 1
+    assert {"draft_efficiency", "tokens_per_pass", "mean_k", "tokens_per_second"} <= set(ls)
+
+    stream = c.chat.completions.create(model="any", messages=[{"role": "user", "content": PROMPT}],
+                                       temperature=0, max_tokens=24, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == expected
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-1].choices == []
+    last = chunks[-1].usage
+    assert last.completion_tokens == 24 and last.model_extra["localspec"]["drafter"] == "model"
+    # The same prompt again: the target's cache already holds all of it but the last token.
+    assert last.prompt_tokens_details.cached_tokens == last.prompt_tokens - 1
+
+
+def test_completions_streamed_or_not_equal_plain_greedy(served):
+    prompt = "The three primary colours are"
+    expected = plain_greedy(served, served.session.target.tokenize(prompt, True, True), 16)
+    c = client(served)
+    whole = c.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0)
+    assert whole.object == "text_completion" and whole.choices[0].text == expected
+    assert whole.usage.model_extra["localspec"]["tokens_per_pass"] >= 1
+    chunks = list(c.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "length"
+    # a stop string ends the text before it, with finish_reason "stop"
+    cut = expected.strip().split()[2]
+    stopped = c.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0, stop=[cut])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == expected[: expected.index(cut)]
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"n": 2}, "n", "one choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools", "tool"),
+    ({"logprobs": True}, "logprobs", "log probabilities"),
+    ({"logit_bias": {"1": 5}}, "logit_bias", "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "text"),
+    ({"presence_penalty": 0.5}, "presence_penalty", "only 0"),
+    ({"temperature": "hot"}, "temperature", "must be a number"),
+    ({"top_k": -1}, "top_k", "top-k must be >= 0"),
+    ({"top_p": 1.5}, "top_p", "top-p must be in (0, 1]"),
+    ({"max_tokens": 0}, "max_tokens", "max-tokens must be >= 1"),
+    ({"stop": 3}, "stop", "string or a list"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream"),
+    ({"messages": []}, "messages", "non-empty"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "one of"),
+])
+def test_refusals_are_400_with_an_openai_error_body(served, body, param, words):
+    r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and words in err["message"]
+
+
+def test_bad_json_long_prompts_and_large_bodies(served):
+    r = post(served, "/v1/chat/completions", b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    assert post(served, "/v1/completions", [1, 2]).status_code == 400
+    n_ctx = served.session.target.n_ctx
+    with pytest.raises(openai.BadRequestError) as e:
+        client(served).completions.create(model="x", prompt="lighthouse " * n_ctx, max_tokens=4)
+    message = e.value.body["message"]
+    assert str(n_ctx) in message and "tokens, too long for the context of" in message
+    assert e.value.body["code"] == "context_length_exceeded"
+    r = post(served, "/v1/completions", json.dumps({"prompt": "x" * (1 << 20)}))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_api_key(served):
+    served.server.api_key = "sesame"
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            client(served, "wrong").models.list()
+        assert post(served, "/v1/completions", {"prompt": "hi"}).status_code == 401
+        assert httpx.get(served.url + "/health").status_code == 200   # stays open
+        models = client(served, "sesame").models.list()
+        assert [m.id for m in models.data] == [served.server.model_id]
+    finally:
+        served.server.api_key = None
+
+
+def _start_long_stream(served):
+    """A streaming request that generates for a long time, read up to its second chunk."""
+    stream_cm = httpx.stream("POST", served.url + "/v1/completions", timeout=60,
+                             json={"prompt": "Once upon a time", "max_tokens": 500, "stream": True})
+    response = stream_cm.__enter__()
+    lines = response.iter_lines()
+    seen = 0
+    for line in lines:
+        if line.startswith("data: {"):
+            seen += 1
+            if seen == 2:
+                break
+    return stream_cm, response
+
+
+def test_a_full_queue_answers_503_with_retry_after(served):
+    wait_idle(served)
+    served.server.max_queue = 0
+    stream_cm, response = _start_long_stream(served)
+    try:
+        with pytest.raises(openai.APIStatusError) as e:
+            client(served).completions.create(model="x", prompt="hi", max_tokens=2)
+        assert e.value.status_code == 503
+        assert e.value.response.headers["retry-after"].isdigit()
+        assert e.value.body["code"] == "queue_full"
+    finally:
+        stream_cm.__exit__(None, None, None)
+        served.server.max_queue = 16
+    wait_idle(served)
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation(served):
+    wait_idle(served)
+    cancelled = metric(served, 'generations_total{finish="cancelled"}')
+    tokens_before = metric(served, "completion_tokens_total")
+    stream_cm, response = _start_long_stream(served)
+    stream_cm.__exit__(None, None, None)   # the client goes away
+    wait_idle(served, 5)
+    assert metric(served, 'generations_total{finish="cancelled"}') == cancelled + 1
+    assert metric(served, "completion_tokens_total") - tokens_before < 100   # far from its 500
+    # the caches were rewound: the next request is answered as by a fresh server
+    expected = plain_greedy(served, chat_tokens(served, "Name a colour."), 12)
+    reply = client(served).chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12, temperature=0)
+    assert reply.choices[0].message.content == expected
+
+
+def test_eight_concurrent_streams_are_all_answered(served):
+    prompts = [f"Count from {i} to {i + 5}." for i in range(8)]
+    expected = {p: plain_greedy(served, chat_tokens(served, p), 8) for p in prompts}
+    got: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def ask(p: str) -> None:
+        try:
+            chunks = client(served).chat.completions.create(
+                model="x", messages=[{"role": "user", "content": p}], max_tokens=8, temperature=0, stream=True)
+            got[p] = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert got == expected
+
+
+def test_metrics_and_models(served):
+    text = httpx.get(served.url + "/metrics").text
+    for name in ("requests_total", "completion_tokens_total", "alpha", "draft_efficiency", "tokens_per_pass",
+                 "queue_depth"):
+        assert f"# TYPE localspec_{name} " in text
+    assert 'localspec_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    data = httpx.get(served.url + "/v1/models").json()["data"][0]
+    assert data["object"] == "model" and data["localspec"]["drafter"] == "model"
+
+
+def test_serve_without_the_extra_says_how_to_install_it():
+    code = ("import sys; sys.modules['starlette'] = None; sys.argv = ['localspec', 'serve']; "
+            "from localspec.cli import main; main()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: localspec serve needs starlette: pip install 'localspec[serve]'"]
