@@ -38,9 +38,10 @@ from starlette.routing import Route
 
 from . import warmstart
 from .controller import KController
+from .engine import Cancelled
 from .prefix import common_prefix
 from .serve_api import ApiError, Defaults, Reply, parse, too_long
-from .serve_http import (CountRequests, EventStream, api_error, http_error, internal_error, read_json, sse,
+from .serve_http import (CountRequests, EventStream, api_error, collect, http_error, internal_error, read_json, sse,
                          watch_disconnect)
 from .serve_metrics import Metrics
 from .stats import RunStats
@@ -84,7 +85,7 @@ class Server:
         self.metrics = Metrics()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
         self._lock: asyncio.Lock | None = None   # made in the server's event loop
-        self._waiting = 0
+        self._queue: list[Job] = []   # admitted, waiting for the generation slot
         self._current: Job | None = None
         self._closing = False
         self._controllers: dict[str, KController] = {}
@@ -134,7 +135,9 @@ class Server:
         created = int(s.target.path.stat().st_mtime) if s.target.path.exists() else 0
         return JSONResponse({"object": "list", "data": [{
             "id": self.model_id, "object": "model", "created": created, "owned_by": "localspec",
-            "localspec": {**s.describe(), "n_ctx": s.target.n_ctx},
+            # names, not paths: this answers without an API key when none is set
+            "localspec": {"target": s.target.name, "draft": s.draft.name if s.draft else None,
+                          "drafter": s.drafter_kind, "n_ctx": s.target.n_ctx},
         }]})
 
     async def chat_completions(self, request: Request):
@@ -147,9 +150,11 @@ class Server:
     async def _complete(self, request: Request, chat: bool):
         self._authorize(request)
         req = parse(await read_json(request), self.defaults, chat)
-        prompt = self._tokens(req)
-        self._admit()
-        job = Job(prompt, req.sampling, req.decode, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        # A chat template over thousands of messages takes seconds: not on the event loop.
+        prompt = await loop.run_in_executor(None, self._tokens, req)
+        job = Job(prompt, req.sampling, req.decode, loop)
+        self._admit(job)
         watcher = asyncio.create_task(watch_disconnect(request, job.cancel))
         try:
             await self._start(job)
@@ -157,7 +162,7 @@ class Server:
             if req.stream:
                 watcher.cancel()   # StreamingResponse listens for the disconnect itself
                 return EventStream(self._events(job, reply, req.include_usage), job.cancel)
-            text, result = await _collect(job)
+            text, result = await collect(job)
         finally:
             watcher.cancel()
         return JSONResponse(reply.whole(text, result))
@@ -174,7 +179,11 @@ class Server:
                 raise ApiError(f"the chat template refused these messages: {e}", param="messages",
                                code="invalid_value") from None
         elif isinstance(req.prompt, str):
-            tokens = target.tokenize(req.prompt, add_special=True, parse_special=True)
+            try:
+                tokens = target.tokenize(req.prompt, add_special=True, parse_special=True)
+            except UnicodeEncodeError:
+                raise ApiError("the prompt is not valid Unicode (a lone surrogate?)", param="prompt",
+                               code="invalid_value") from None
         else:
             tokens = list(req.prompt)
             if max(tokens) >= target.n_vocab:
@@ -182,21 +191,27 @@ class Server:
                                param="prompt", code="invalid_value")
         if not tokens:
             raise ApiError("the prompt is empty", param="prompt", code="invalid_value")
-        if len(tokens) >= target.n_ctx - 1:
+        if len(tokens) >= target.n_ctx:
             raise too_long(len(tokens), target.n_ctx, req.chat)
         return tokens
 
-    def _admit(self) -> None:
-        """Take a place in the queue, or refuse at once (503) when it is full or shutting down."""
+    def _admit(self, job: Job) -> None:
+        """Take a place in the queue, or refuse at once (503) when it is full or shutting down.
+        A waiting request whose client has gone no longer holds a place."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         if self._closing:
             raise ApiError("the server is shutting down", status=503, kind="server_error", code="shutting_down")
-        if (self._lock.locked() or self._waiting) and self._waiting >= self.max_queue:
-            raise ApiError(f"the server is busy: one generation runs and {self._waiting} requests wait "
+        waiting = self._waiting
+        if self._lock.locked() and waiting >= self.max_queue:
+            raise ApiError(f"the server is busy: one generation runs and {waiting} requests wait "
                            f"(--max-queue {self.max_queue}); retry later", status=503, kind="server_error",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER)})
-        self._waiting += 1
+        self._queue.append(job)
+
+    @property
+    def _waiting(self) -> int:
+        return sum(not j.cancel.is_set() for j in self._queue)
 
     async def _start(self, job: Job) -> None:
         """Wait for the generation slot (FIFO), then run `job` in the worker; the slot is freed when
@@ -204,7 +219,10 @@ class Server:
         try:
             await self._lock.acquire()
         finally:
-            self._waiting -= 1
+            self._queue.remove(job)
+        if self._closing:
+            self._lock.release()
+            raise ApiError("the server is shutting down", status=503, kind="server_error", code="shutting_down")
         try:
             future = job.loop.run_in_executor(self._executor, self._generate, job)
         except BaseException:
@@ -252,6 +270,9 @@ class Server:
         drafter = session.make_drafter()
         controller = self._controller(job.sampling.temperature, drafter)
         cached = common_prefix(target.tokens, job.prompt[:-1])
+        for model in (target, session.draft):
+            if model is not None:
+                model.abort_when = job.cancel  # a client gone mid-prefill stops it, not just the next step
         stats, finish, prefill = RunStats(), None, None
         start = time.perf_counter()
         stream = stream_text(target, drafter, job.prompt, job.sampling, job.decode, controller,
@@ -269,6 +290,8 @@ class Server:
                 elif job.cancel.is_set():
                     finish = "cancelled"
                     break
+        except Cancelled:   # stopped inside a long prefill
+            finish = "cancelled"
         finally:
             stream.close()   # rewinds the caches to the accepted text before anything else runs
             self.metrics.generated(stats, finish)
@@ -312,21 +335,6 @@ class Server:
         self._executor.shutdown(wait=True)
         if self._since_save:
             self._maybe_save(force=True)
-
-
-async def _collect(job: Job) -> tuple[str, dict]:
-    parts = []
-    while True:
-        kind, value = await job.queue.get()
-        if kind == "text":
-            parts.append(value)
-        elif kind == "error":
-            raise value
-        elif value["finish"] == "cancelled":
-            raise ApiError("the request was cancelled (client gone or server shutting down)", status=503,
-                           kind="server_error", code="cancelled")
-        else:
-            return "".join(parts), value
 
 
 # ---- running it --------------------------------------------------------------------------------

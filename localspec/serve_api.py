@@ -20,7 +20,7 @@ from typing import Any
 
 from .config import ConfigError, DecodeConfig, SamplingConfig
 
-MAX_STOP = 16
+MAX_STOP = 4   # as OpenAI
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -134,8 +134,11 @@ def _sampling(body: dict, defaults: Defaults) -> SamplingConfig:
 
 
 def _decode(body: dict, defaults: Defaults) -> DecodeConfig:
-    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _typed(body, param, _is_int, "an integer")
+    # both are checked; the newer name wins when both are given
+    max_tokens = _typed(body, "max_tokens", _is_int, "an integer")
+    newer = _typed(body, "max_completion_tokens", _is_int, "an integer")
+    param = "max_completion_tokens" if newer is not None else "max_tokens"
+    max_tokens = newer if newer is not None else max_tokens
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -167,8 +170,11 @@ def _streaming(body: dict) -> tuple[bool, bool]:
 
 def _content(message: dict, i: int) -> str:
     content = message.get("content")
-    if content is None:
-        return ""
+    if content is None and message.get("role") == "assistant":
+        return ""  # an assistant turn may carry no text (OpenAI allows it there only)
+    if content is None or content == []:
+        raise ApiError("message content is required (a string or a list of text parts)",
+                       param=f"messages[{i}].content", code="missing_required_parameter")
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -193,7 +199,7 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(m, dict):
             raise ApiError(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise ApiError(f"messages[{i}].role must be one of {', '.join(ROLES)} (no tools here), got {role!r:.40}",
                            param=f"messages[{i}].role", code="invalid_value")
         out.append({"role": ROLES[role], "content": _content(m, i)})
@@ -227,7 +233,7 @@ def parse(body: Any, defaults: Defaults, chat: bool) -> Request:
 
 def too_long(n_prompt: int, n_ctx: int, chat: bool) -> ApiError:
     return ApiError(f"the prompt is {n_prompt} tokens, too long for the context of {n_ctx} tokens "
-                    "(it must leave room for one generated token; start the server with a larger --n-ctx)",
+                    "(it must leave room for at least one generated token; start the server with a larger --n-ctx)",
                     param="messages" if chat else "prompt", code="context_length_exceeded")
 
 

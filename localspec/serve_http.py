@@ -68,6 +68,8 @@ async def read_json(request: Request):
         return json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(f"the request body is not valid JSON ({e})", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError("the request body nests too deeply", code="invalid_json") from None
 
 
 async def watch_disconnect(request: Request, cancel: threading.Event) -> None:
@@ -94,3 +96,19 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(ApiError(f"internal error ({type(exc).__name__}: {exc})", status=500,
                                  kind="server_error").body(), status_code=500)
+
+
+async def collect(job) -> tuple[str, dict]:
+    """A whole (non-streamed) answer: the job's text and its final statistics."""
+    parts = []
+    while True:
+        kind, value = await job.queue.get()
+        if kind == "text":
+            parts.append(value)
+        elif kind == "error":
+            raise value
+        elif value["finish"] == "cancelled":
+            raise ApiError("the request was cancelled (client gone or server shutting down)", status=503,
+                           kind="server_error", code="cancelled")
+        else:
+            return "".join(parts), value

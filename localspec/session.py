@@ -138,7 +138,7 @@ class Session:
 
     def check_fits(self, tokens: list[int], what: str = "prompt") -> None:
         """A prompt must leave room in the context for at least one generated token."""
-        if len(tokens) >= self.target.n_ctx - 1:
+        if len(tokens) >= self.target.n_ctx:
             raise ConfigError(f"{what} is {len(tokens)} tokens, too long for n_ctx {self.target.n_ctx} "
                               "(raise --n-ctx)")
 

@@ -144,6 +144,11 @@ def test_completions_streamed_or_not_equal_plain_greedy(served):
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream"),
     ({"messages": []}, "messages", "non-empty"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "one of"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role", "one of"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "required"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages[0].content", "required"),
+    ({"max_completion_tokens": 2, "max_tokens": "x"}, "max_tokens", "must be an integer"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
 ])
 def test_refusals_are_400_with_an_openai_error_body(served, body, param, words):
     r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], **body})
@@ -164,6 +169,52 @@ def test_bad_json_long_prompts_and_large_bodies(served):
     assert e.value.body["code"] == "context_length_exceeded"
     r = post(served, "/v1/completions", json.dumps({"prompt": "x" * (1 << 20)}))
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    # found by probing: each of these was a 500
+    assert post(served, "/v1/chat/completions", b"[" * 200_000).status_code == 400   # RecursionError
+    r = post(served, "/v1/completions", b'{"prompt": "\\ud800 lone surrogate"}')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def test_a_client_gone_during_a_long_prefill_stops_it(served):
+    """A prompt of ~3,500 tokens takes ~30 s to prefill on one thread here; llama.cpp's abort
+    callback stops it once the client has left, rather than at the next step."""
+    wait_idle(served)
+    prompt = "lighthouse keeper " * 1200
+    try:
+        httpx.post(served.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4}, timeout=1.0)
+    except httpx.TimeoutException:
+        pass   # the client gives up after a second
+    start = time.monotonic()
+    wait_idle(served, 10)
+    assert time.monotonic() - start < 3.0
+    expected = plain_greedy(served, chat_tokens(served, "Name a colour."), 8)
+    reply = client(served).chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, temperature=0)
+    assert reply.choices[0].message.content == expected
+
+
+def test_clients_that_left_the_queue_hold_no_place(served):
+    wait_idle(served)
+    served.server.max_queue = 1
+    stream_cm, response = _start_long_stream(served)
+    try:
+        try:   # waits behind the stream, then gives up
+            httpx.post(served.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=0.5)
+        except httpx.TimeoutException:
+            pass
+        deadline = time.monotonic() + 5
+        while served.server._waiting:
+            assert time.monotonic() < deadline, "the departed client still counts as waiting"
+            time.sleep(0.02)
+        try:   # the place is free again: admitted to wait, not refused
+            r = httpx.post(served.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=0.5)
+            assert r.status_code != 503, r.text
+        except httpx.TimeoutException:
+            pass
+    finally:
+        stream_cm.__exit__(None, None, None)
+        served.server.max_queue = 16
+    wait_idle(served)
 
 
 def test_api_key(served):
@@ -191,6 +242,8 @@ def _start_long_stream(served):
             seen += 1
             if seen == 2:
                 break
+    # The line iterator goes with the response: dropping it could close the stream early.
+    response.lines = lines
     return stream_cm, response
 
 

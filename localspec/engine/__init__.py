@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,11 +48,6 @@ def _log_callback(level, text, user_data):  # noqa: ARG001 - signature fixed by 
 @C.llama_progress_callback
 def _load_progress(progress, user_data):  # noqa: ARG001
     return not interrupt.requested()  # false stops the load
-
-
-@C.ggml_abort_callback
-def _abort_requested(user_data):  # noqa: ARG001
-    return interrupt.requested()
 
 
 _ABORTABLE = 64  # evals of more tokens than this (prefill) can be stopped midway
@@ -126,6 +122,10 @@ def library_version() -> str:
     return getattr(C, "__version__", "unknown")
 
 
+class Cancelled(EngineError):
+    """A decode stopped because `Model.abort_when` was set."""
+
+
 class Model:
     """One loaded GGUF, its context and its KV cache (sequence 0)."""
 
@@ -194,6 +194,10 @@ class Model:
         self.eos = C.llama_vocab_eos(self._vocab)
         self.eot = C.llama_vocab_eot(self._vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
+        self.abort_when: threading.Event | None = None
+        """Set by a caller in another thread (a server whose client left) to stop a long prefill."""
+        self._abort = C.ggml_abort_callback(
+            lambda _: interrupt.requested() or (self.abort_when is not None and self.abort_when.is_set()))
 
     # -- cache ---------------------------------------------------------------------------------
 
@@ -254,6 +258,8 @@ class Model:
             rc = C.llama_decode(self._ctx, self._batch)
             if rc != 0:
                 self.truncate(base + lo)  # drop whatever part of the block may have landed
+                if self.abort_when is not None and self.abort_when.is_set():
+                    raise Cancelled(f"stopped during a decode ({self.name})")
                 raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
             self.tokens.extend(arr[lo:hi].tolist())
         interrupt.raise_pending()  # a Ctrl-C that landed in a log callback during the decodes
@@ -263,7 +269,7 @@ class Model:
         """A long prefill (seconds on a big model) stops at Ctrl-C through llama.cpp's abort
         callback. Steps go without it: ggml calls it between graph nodes, a Python call each, which
         would cost a step on a GPU more than the host work it has."""
-        C.llama_set_abort_callback(self._ctx, _abort_requested, None)
+        C.llama_set_abort_callback(self._ctx, self._abort, None)
         try:
             with interrupt.deferred():
                 yield
