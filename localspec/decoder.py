@@ -16,7 +16,7 @@ from .acceptance import accept_greedy, accept_sampled
 from .config import DecodeConfig, SamplingConfig
 from .controller import KController
 from .drafters import SYNC_LAG, Drafter
-from .sampling import Argmax, Rows
+from .sampling import Argmax, BadLogits, Rows
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,9 @@ def generate_steps(
             )
             if finish is not None:
                 return
+    except BadLogits as e:
+        e.model = e.model or f"the target {target.name}"
+        raise
     finally:
         # Whatever happened (early close, error mid-step), leave only the accepted text's prefix.
         if len(target.tokens) > len(context) - 1:

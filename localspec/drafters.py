@@ -17,7 +17,7 @@ import numpy as np
 from .config import SamplingConfig
 from .prefix import common_prefix
 from .dists import Dist
-from .sampling import distribution
+from .sampling import BadLogits, distribution
 
 
 # A drafter at most this many tokens behind the text catches up in the first draft decode, at about
@@ -126,7 +126,11 @@ class ModelDrafter:
             if sampling.greedy:
                 x = int(logits[0].argmax())
             else:
-                q = distribution(logits[0], sampling)
+                try:
+                    q = distribution(logits[0], sampling)
+                except BadLogits as e:
+                    e.model = f"the draft {m.name}"
+                    raise
                 x = q.sample(rng)
                 rows.append(q)
             tokens.append(x)

@@ -30,7 +30,14 @@ _TINY_T = 1e-20       # below this temperature float32 scaling overflows; the li
 
 
 class BadLogits(ValueError):
-    """A row of logits with NaN, or with no finite value: the model produced garbage."""
+    """A row of logits with NaN, or with no finite value: the model produced garbage. `model`
+    names which one, filled in by whoever knows (the decoder, the draft model's drafter)."""
+
+    model: str | None = None
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        return f"{self.model}: {message}" if self.model else message
 
 
 def _max(row: np.ndarray) -> float:

@@ -124,7 +124,7 @@ EXIT_2 = [
     ("draft-text", [*GEN, "--draft", "{d}/notes.gguf"], None, None, "not a GGUF"),
     ("draft-folder", [*GEN, "--draft", "{d}"], None, None, "is a folder"),
     ("nan-logits-greedy", [*GEN, "--target", "{d}/nan.gguf", "--drafter", "lookup", "--raw", "--temperature", "0"],
-     None, None, "NaN"),
+     None, None, "the target nan.gguf: the model returned NaN"),
     ("nan-logits-sampled", [*GEN, "--target", "{d}/nan.gguf", "--draft", "{d}/nan.gguf", "--raw", "--temperature", "1"],
      None, None, "NaN"),
     ("preset-unknown", [*GEN, "--preset", "no-such-preset"], None, None, "unknown preset"),
@@ -182,6 +182,12 @@ def test_bad_input_ends_with_one_error_line(bad, args, stdin, env, needle):
     else:
         line = one_error_line(run(*argv, stdin=stdin, env=env, timeout=60))
     assert needle in line, line
+
+
+def test_nan_logits_from_the_draft_name_the_draft(bad, model_paths):
+    line = one_error_line(run("generate", "hello", "--target", str(model_paths[0]), "--draft", str(bad / "nan.gguf"),
+                              "--raw", "--temperature", "1", "-k", "2", "--max-tokens", "4"))
+    assert "the draft nan.gguf: the model returned NaN" in line, line
 
 
 # -- cases that succeed --------------------------------------------------------------------------
