@@ -236,6 +236,5 @@ def _click_exceptions() -> tuple[tuple, tuple, tuple]:
 
 
 def _error(message: object, code: int = 2) -> int:
-    text = " ".join(str(message).split()) or type(message).__name__
-    typer.echo(f"error: {text}", err=True)
+    o.error_line(message)
     return code

@@ -81,10 +81,15 @@ def with_options(*groups: Mapping[str, Any]) -> Callable:
     return decorate
 
 
-def fail(message: object) -> NoReturn:
-    """One line on stderr, exit code 2: how every bad input ends."""
+def error_line(message: object) -> None:
+    """`error: …` on stderr, folded to one line."""
     text = " ".join(str(message).split()) or type(message).__name__
     typer.echo(f"error: {text}", err=True)
+
+
+def fail(message: object) -> NoReturn:
+    """One line on stderr, exit code 2: how every bad input ends."""
+    error_line(message)
     raise typer.Exit(2)
 
 
