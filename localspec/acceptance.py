@@ -41,25 +41,27 @@ def accept_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> tuple[i
 def accept_sampled(
     draft: Sequence[int],
     p: Sequence[Dist],
-    q: Sequence[Dist] | None,
+    q: Sequence[Dist | None] | None,
     rng,
 ) -> tuple[int, int]:
     """Stochastic verification. Returns (number of draft tokens accepted, the token emitted after them).
 
     p: k+1 target distributions (read in order, up to the first rejection). q: the k distributions
-    the draft tokens were sampled from, or None for drafts proposed without a distribution.
+    the draft tokens were sampled from, or None for drafts proposed without a distribution; in a
+    mixed draft single entries are None (those tokens were proposed one-hot, by prompt lookup).
     """
     for i, x in enumerate(draft):
         x = int(x)
         p_i = p[i]
         # An id past the target's vocabulary (a padded draft vocabulary) has p = 0: rejected.
         p_x = p_i.prob(x)
-        q_x = q[i].prob(x) if q is not None else 1.0
+        q_i = q[i] if q is not None else None   # None: proposed without a distribution (one-hot)
+        q_x = q_i.prob(x) if q_i is not None else 1.0
         # q_x == 0 cannot happen for a token actually sampled from q; treating the ratio as infinite
         # (accept iff p_x > 0) keeps the rule total for callers that pass such drafts.
         if p_x > 0.0 and (p_x >= q_x or rng.random() * q_x < p_x):
             continue
-        residual = p_i.without(x) if q is None else p_i.minus(q[i])
+        residual = p_i.without(x) if q_i is None else p_i.minus(q_i)
         if residual.total <= 0.0:
             # Only reachable through rounding when p == q, where rejection has probability 0.
             residual = p_i

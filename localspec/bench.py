@@ -140,8 +140,10 @@ def parse_k_sweep(value: str | None) -> list[int | None]:
 @dataclass(frozen=True)
 class Variant:
     kind: str                  # "plain" | "spec" | "reference"
-    key: str                   # plain: "plain"; spec: "auto" or k; reference: "plain" or "lookup"
+    key: str                   # plain: "plain"; spec: "auto" or k (with --drafter auto: "model",
+                               # "lookup", "auto", or "model:4"...); reference: "plain" or "lookup"
     k: int | None = None       # spec: fixed k (None = adaptive); reference: lookup num_pred_tokens
+    drafter: str | None = None  # spec: the drafter; None = the session's
 
     @property
     def name(self) -> str:
@@ -175,16 +177,26 @@ class BenchOptions:
     suite's result is saved for the next run), as `generate` does."""
 
 
+SINGLES = ("model", "lookup")
+"""With --drafter auto the bench also runs each drafter alone, to judge auto's choice against."""
+
+
+def spec_variants(drafter: str, ks: Sequence[int | None]) -> list[Variant]:
+    if drafter != "auto":
+        return [Variant("spec", "auto" if k is None else str(k), k) for k in ks]
+    return [Variant("spec", d if k is None else f"{d}:{k}", k, d) for k in ks for d in (*SINGLES, "auto")]
+
+
 def _run_local(session, v: Variant, prompt: list[int], sampling: SamplingConfig, max_tokens: int,
                controller: KController | None, i: int = -1, r: int = 0) -> Run:
     target = session.target
-    drafter = session.make_drafter() if v.kind == "spec" else None
+    drafter = session.make_drafter(v.drafter) if v.kind == "spec" else None
     k_max = max(K_MAX, v.k or 0)
     decode = DecodeConfig(max_tokens=max_tokens, k=v.k if v.kind == "spec" else 0, k_max=k_max)
     target.reset()
     t0 = time.perf_counter()
     target.sync(prompt[:-1])
-    if drafter is not None and session.draft is not None and drafter.name == "model":
+    if drafter is not None and session.draft is not None and drafter.name in ("model", "auto"):
         session.draft.reset()
         session.draft.sync(prompt[:-1])
     t1 = time.perf_counter()
@@ -224,12 +236,12 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         session.check_fits(toks, f"prompt {p.source}")
         encoded.append(toks)
     base_seed = opts.sampling.seed if opts.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-    drafter = session.make_drafter()
-    variants = [Variant("plain", "plain")] + [Variant("spec", "auto" if k is None else str(k), k) for k in opts.ks]
+    variants = [Variant("plain", "plain")] + spec_variants(session.drafter_kind, opts.ks)
 
     def controller(v: Variant, warmed: dict[str, bool] | None = None) -> KController:
-        c = KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=drafter.draft_cost_free)
-        warm = opts.warm_start and warmstart.load_into(c, session, drafter.name, opts.sampling.temperature)
+        name = v.drafter or session.drafter_kind
+        c = KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=name == "lookup")
+        warm = opts.warm_start and warmstart.load_into(c, session, name, opts.sampling.temperature)
         if warmed is not None:
             warmed[v.key] = warm
         return c
@@ -275,8 +287,13 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
                     runs.append(one(v, i, r, sampling, p.max_tokens or opts.max_tokens, controllers.get(v.key)))
         if progress:
             progress(done, total, "done")
-        if opts.warm_start and "auto" in controllers:
-            warmstart.save(controllers["auto"], session, drafter.name, opts.sampling.temperature)
+        if opts.warm_start:
+            saved = set()
+            for v in variants:   # the adaptive variants; auto's record is the model's (one of them)
+                name = v.drafter or session.drafter_kind
+                if v.kind == "spec" and v.k is None and warmstart.record_name(name) not in saved:
+                    saved.add(warmstart.record_name(name))
+                    warmstart.save(controllers[v.key], session, name, opts.sampling.temperature)
     finally:
         for ref in refs.values():
             ref.close()

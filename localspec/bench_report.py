@@ -12,7 +12,7 @@ import numpy as np
 
 from .config import DecodeConfig
 from .controller import expected_tokens
-from .stats import RunStats, positions_tested
+from .stats import RunStats, positions_tested, served
 
 K_MAX = DecodeConfig.k_max  # adaptive variants choose k in 1..K_MAX, as generate does
 
@@ -145,6 +145,8 @@ def group(runs: list, variants: list, members: set[int], greedy: bool) -> dict:
             "speedup_median": _median_speedup(of(v), plain_runs),
             "bound": _bound(of(v), plain_runs, v.k, max(K_MAX, v.k or 0)),
             "greedy_match": _matches(of(v), plain_by, greedy),
+            "drafters": st.drafters(),
+            "accepted_from": dict(st.accepted_from),
         })
         spec[v.key] = s
     reference = None
@@ -225,8 +227,8 @@ def format_report(report: dict) -> str:
         f"{c['threads']} thread{'' if c['threads'] == 1 else 's'} · {'chat template' if c['chat'] else 'raw prompts'}",
     ]
     for key in report["overall"]["spec"]:
-        lines += ["", f"speculative k={key}" + (" (adaptive, one controller across the suite)" if key == "auto" else "")]
-        rows = [["category", "n", "α", "draft eff", "acc len", "tok/pass", "plain t/s", "spec t/s",
+        lines += ["", "speculative " + variant_label(key, c["drafter"])]
+        rows = [["category", "n", "α", "draft eff", "acc len", "tok/pass", "steps by", "plain t/s", "spec t/s",
                  "speedup (median)", "bound (k)", "p50/p99 ms", "draft/verify/py %", "verify ms/step", "host ms/step (/row)", "draft host ms/tok"]]
         for group, g in _groups(report):
             s, p = g["spec"][key], g["plain"]
@@ -239,7 +241,8 @@ def format_report(report: dict) -> str:
             rows.append([
                 group, str(g["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["draft_efficiency"], ".3f"),
                 _f(s["mean_accepted"], ".2f"),
-                _f(s["tokens_per_step"], ".2f"), _f(p["tokens_per_second"]), _f(s["tokens_per_second"]),
+                _f(s["tokens_per_step"], ".2f"), served(s["drafters"]),
+                _f(p["tokens_per_second"]), _f(s["tokens_per_second"]),
                 f"{_f(s['speedup'], '.2f')}× ({_f(s['speedup_median'], '.2f')}×)",
                 "—" if b is None else f"{b['speedup']:.2f}× ({b['k']})",
                 f"{_f(lat['p50'])}/{_f(lat['p99'])}", split, _f(s["verify_ms_per_step"], ".2f"),
@@ -258,6 +261,7 @@ def format_report(report: dict) -> str:
         lines.append(f"mean k {_f(s['mean_k'], '.2f')} · plain p50/p99 {_f(o['plain']['latency_ms']['p50'])}/"
                      f"{_f(o['plain']['latency_ms']['p99'])} ms · prefill {_prefill(o['plain'])} plain, "
                      f"{_prefill(s)} spec{match}")
+    lines += _auto_table(report)
     ref = report["overall"]["reference"]
     if ref:
         lines += ["", f"llama-cpp-python (Llama.generate, same GGUF and threads; lookup = LlamaPromptLookupDecoding, "
@@ -280,9 +284,42 @@ def format_report(report: dict) -> str:
     lines += ["", "α = accepted / tested draft positions (a step tests up to its first rejection), the "
                   "per-token acceptance of E(α, k); draft eff = accepted / drafted, lower because positions "
                   "after a rejection are drafted but never tested.",
+              "steps by: share of target passes whose draft came from M (draft model), L (prompt lookup), "
+                  "X (lookup extended by the model), P (none: plain).",
               "t/s = generated tokens / decode seconds (prefill excluded); speedup = spec t/s ÷ plain t/s in "
                   "this run (median: of the per-prompt ratios); bound = E(k)·t_plain / (k·t_draft + t_verify(k+1)) from the measured acceptance and costs."]
     return "\n".join(lines)
+
+
+def variant_label(key: str, drafter: str) -> str:
+    if drafter == "auto":   # keys are "model", "lookup", "auto", or those with ":k"
+        name, _, k = key.partition(":")
+        return f"{name}, k={k or 'auto'}" + ("" if k else " (adaptive, one controller across the suite)")
+    return f"k={key}" + (" (adaptive, one controller across the suite)" if key == "auto" else "")
+
+
+def _auto_table(report: dict) -> list[str]:
+    """auto against each drafter alone, per category: the comparison that says whether the
+    per-step choice pays."""
+    keys = report["overall"]["spec"]
+    pairs = [(k, k.replace("auto", "model"), k.replace("auto", "lookup")) for k in keys
+             if k.partition(":")[0] == "auto"]
+    lines: list[str] = []
+    for auto, model, lookup in pairs:
+        if model not in keys or lookup not in keys:
+            continue
+        rows = [["category", "plain t/s", "model t/s", "lookup t/s", "auto t/s", "× best single", "× model",
+                 "auto steps by"]]
+        for group, g in _groups(report):
+            a, m, lk = g["spec"][auto], g["spec"][model], g["spec"][lookup]
+            best = max(m["tokens_per_second"] or 0.0, lk["tokens_per_second"] or 0.0)
+            rows.append([group, _f(g["plain"]["tokens_per_second"]), _f(m["tokens_per_second"]),
+                         _f(lk["tokens_per_second"]), _f(a["tokens_per_second"]),
+                         _f(_ratio(a["tokens_per_second"], best), ".2f") + "×",
+                         _f(_ratio(a["tokens_per_second"], m["tokens_per_second"]), ".2f") + "×",
+                         served(a["drafters"])])
+        lines += ["", f"auto against each drafter alone ({auto})"] + _table(rows)
+    return lines
 
 
 def _prefill(s: dict) -> str:

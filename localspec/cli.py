@@ -112,6 +112,7 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
         "n_prompt_tokens": len(tokens),
         "acceptance_by_position": stats.acceptance_by_position(),
         "drafter": session.drafter_kind,
+        "step_drafters": stats.sources,
         "k": "auto" if decode.k is None else decode.k,
         "temperature": opts.sampling.temperature,
         "top_k": opts.sampling.top_k,
@@ -138,9 +139,12 @@ def summary_line(r: dict) -> str:
     alpha = "—" if r["alpha"] is None else f"{r['alpha']:.3f}"
     eff = "—" if r["draft_efficiency"] is None else f"{r['draft_efficiency']:.3f}"
     tps = r["tokens_per_second"] or 0.0
+    drafter = r["drafter"]
+    if len(r.get("drafters") or {}) > 1:   # say who served the steps when more than one did
+        drafter += " (" + ", ".join(f"{name} {d['share']:.0%}" for name, d in r["drafters"].items()) + " of steps)"
     return (
         f"α {alpha} · draft efficiency {eff} · {r['tokens_per_step'] or 0:.2f} tokens/target pass · "
-        f"{tps:.1f} tokens/s · {r['n_steps']} steps · {r['n_tokens']} tokens · drafter {r['drafter']} · k {r['k']}"
+        f"{tps:.1f} tokens/s · {r['n_steps']} steps · {r['n_tokens']} tokens · drafter {drafter} · k {r['k']}"
     )
 
 

@@ -59,11 +59,13 @@ def _pair(load, explicit: str | None) -> tuple[str, str | None, list[str]]:
 
     notice = lambda m: typer.echo(m, err=True)  # noqa: E731
     # A draft given on the command line is always checked against the target (vocabulary, memory).
-    want_draft = bool(load.draft) or explicit in (None, "model")
+    want_draft = bool(load.draft) or explicit in (None, "model", "auto")
     target, draft = defaults.default_pair(load.target, load.draft, want_draft, notice)
-    if explicit == "model" and draft is None:
-        raise ConfigError("--drafter model needs --draft PATH (a GGUF sharing the target's tokenizer)")
-    if explicit is not None:
+    if explicit in ("model", "auto") and draft is None:
+        raise ConfigError(f"--drafter {explicit} needs --draft PATH (a GGUF sharing the target's tokenizer)")
+    if explicit == "auto":
+        drafters = ["model", "lookup"]   # auto chooses between them: measure both
+    elif explicit is not None:
         drafters = [] if explicit == "none" else [explicit]
     else:
         drafters = (["model"] if draft else []) + ["lookup"]

@@ -17,12 +17,12 @@ from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
 
 import typer
 
-from .config import MAX_DRAFT, ConfigError, SamplingConfig
+from .config import MAX_DRAFT, NEEDS_DRAFT, ConfigError, SamplingConfig
 
 Target = Annotated[Optional[str], typer.Option("--target", help="Target GGUF (default: embedded SmolLM2-135M F32).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF sharing the target's tokenizer.")]
 Drafter = Annotated[Optional[str], typer.Option(
-    "--drafter", help="model | lookup | none (default: model when a draft is available, else lookup).")]
+    "--drafter", help="auto | model | lookup | none (default: auto when a draft is available, else lookup).")]
 DraftTokens = Annotated[Optional[str], typer.Option(
     "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default).")]
 Temperature = Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy (default 0.8).")]
@@ -164,7 +164,7 @@ def resolve_options(
         p = load_preset(preset)
         if target is None:
             target = str(resolve_model(p.target, preset=p.name))
-        if draft is None and p.draft is not None and (drafter or p.drafter) == "model":
+        if draft is None and p.draft is not None and (drafter or p.drafter) in NEEDS_DRAFT:
             draft = str(resolve_model(p.draft, preset=p.name))
         drafter = drafter or p.drafter
         base = p.sampling()

@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-DRAFTERS = ("model", "lookup", "none")
-"""How draft tokens are proposed: a draft model, prompt lookup (n-grams of the context), or no
-speculation at all (plain decoding, useful as a baseline)."""
+DRAFTERS = ("auto", "model", "lookup", "none")
+"""How draft tokens are proposed: per step the best of prompt lookup and the draft model (auto), a
+draft model, prompt lookup (n-grams of the text), or no speculation at all (plain decoding, useful
+as a baseline)."""
+
+NEEDS_DRAFT = ("auto", "model")
+"""The drafters that need a draft model."""
 
 
 MAX_DRAFT = 64

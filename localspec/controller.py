@@ -42,6 +42,9 @@ import math
 
 import numpy as np
 
+from .costs import BatchCost
+from .lookup import LookupRates
+
 ALPHA_PRIOR = 0.7          # acceptance before any data: typical for a same-family draft
 ALPHA_PRIOR_WEIGHT = 2.0   # worth two trials, so real data take over at once
 ALPHA_DECAY = 0.98         # per accept/reject trial: remembers ~50 trials
@@ -153,6 +156,10 @@ class KController:
         self._hold = 0             # plain steps left before plain-vs-speculation is re-decided
         self._in_sync = False      # this step's drafter would draft without catching up first
         self.last_k: int | None = None
+        # Learned here, used by prompt lookup and `auto` (see hybrid.py): acceptance per kind of
+        # lookup match, and the draft model's decode cost by tokens read (its catch-up price).
+        self.lookup = LookupRates()
+        self.first_decode = BatchCost()
 
     # ---- choosing -------------------------------------------------------------------------
     def choose(self, limit: int | None = None, in_sync: bool = False) -> int:
@@ -192,6 +199,26 @@ class KController:
                     k += 1
         self.last_k = k
         return k
+
+    def plain_due(self) -> bool:
+        """A plain step is needed now to time t_verify(1): never timed here, or stale."""
+        return 1 not in self._verify or 1 in self._prior or self._since_plain >= REFRESH_PLAIN
+
+    def starting(self) -> bool:
+        """Still in the start-up that times the draft model (rule 2 above)."""
+        return self.fixed_k is None and self._draft_steps < 2
+
+    def estimates(self, k_top: int) -> tuple[np.ndarray, np.ndarray]:
+        """(expected tokens, seconds) of one draft-model step for k = 0..k_top, as `choose` sees them."""
+        return self._estimates(k_top)
+
+    def verify_curve(self, top: int) -> np.ndarray:
+        """Predicted seconds to verify b = 1..top tokens (needs one timing)."""
+        return self._fitted()[:top] if top <= self.k_max + 1 else self._fit_curve(top)
+
+    def draft_seconds(self, k_top: int) -> np.ndarray:
+        """Predicted seconds of drafting k = 0..k_top tokens with the draft model."""
+        return self._draft_seconds(k_top)
 
     def _maybe_probe(self, cap: int) -> int:
         """While plain, now and then speculate (k = 2..4) so that a change is noticed.
@@ -284,8 +311,14 @@ class KController:
         if not 0 <= n_accepted <= n_drafted <= max(k, 0):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted <= k, got "
                              f"k={k} n_drafted={n_drafted} n_accepted={n_accepted}")
+        self.observe_verify(n_drafted + 1, t_verify)
+        if n_drafted == 0:
+            return  # a plain step (or a drafter with nothing to offer) says nothing about alpha
+        self.observe_draft(n_drafted, n_accepted, t_draft, t_resume)
+
+    def observe_verify(self, b: int, t_verify: float) -> None:
+        """Record one target pass over b tokens (every step, whoever drafted)."""
         self._steps += 1
-        b = n_drafted + 1
         if np.isfinite(t_verify) and t_verify > 0:
             # The first timing of a size is often cold (seen: +10..40%): a faster second replaces
             # it. Costs drift as the context grows, most for a size timed long ago (t_verify(1)
@@ -303,8 +336,9 @@ class KController:
             self._prior.discard(b)
             self._curve = None
         self._since_plain = 0 if b == 1 else self._since_plain + 1
-        if n_drafted == 0:
-            return  # a plain step (or a drafter with nothing to offer) says nothing about alpha
+
+    def observe_draft(self, n_drafted: int, n_accepted: int, t_draft: float, t_resume: float = 0.0) -> None:
+        """Record what the draft model proposed and what of it was accepted."""
         self._draft_steps += 1
         if np.isfinite(t_resume) and t_resume > 0:
             self._resume = _ewma(self._resume, t_resume, COST_WEIGHT)
@@ -487,4 +521,6 @@ class KController:
             "expected_speedup": (thr / thr[0]).tolist() if costs else None,
             "best_k": int(np.argmax(thr)) if costs else None,
             "probe_every": self._probe_every,
+            "lookup_acceptance": self.lookup.snapshot() if self.lookup.trials else None,
+            "draft_decode_cost": self.first_decode.snapshot() or None,
         }

@@ -15,7 +15,7 @@ import numpy as np
 from .acceptance import accept_greedy, accept_sampled
 from .config import DecodeConfig, SamplingConfig
 from .controller import KController
-from .drafters import SYNC_LAG, Drafter
+from .drafters import Drafter
 from .sampling import Argmax, BadLogits, Rows
 
 
@@ -49,6 +49,17 @@ class Step:
     withdrawn: int = 0
     """Tokens of earlier steps that a stop string took back (on the last step only): the stop
     string began in text they made. `stream_text` holds such tokens back, so it never shows them."""
+    source: str = ""
+    """Who drafted this step: "" (plain), "model", "lookup" or "mixed" (lookup, then the model)."""
+    n_lookup: int = 0
+    """Accepted tokens (the first ones of `tokens`) that prompt lookup proposed; the other
+    accepted draft tokens came from the draft model."""
+
+    def kinds(self) -> tuple[str, ...]:
+        """Per emitted token: "lookup" or "model" (an accepted draft token), "target" otherwise."""
+        model = "model" if self.source in ("model", "mixed") else "lookup"
+        return tuple("target" if not d else "lookup" if i < self.n_lookup else model
+                     for i, d in enumerate(self.from_draft))
 
 
 StopHook = Callable[[list[int]], "int | None"]
@@ -92,9 +103,7 @@ def generate_steps(
             room = min(decode.max_tokens - produced, target.n_ctx - len(context)) - 1
             k = 0
             if drafter is not None and room > 0:
-                limit = drafter.limit(context, min(decode.k_max, room))
-                in_sync = drafter.lag(context) <= SYNC_LAG
-                k = controller.choose(room if limit is None else min(limit, room), in_sync=in_sync)
+                k = drafter.plan(context, min(max(decode.k_max, decode.k or 0), room), controller)
             draft = drafter.propose(context, k, sampling, rng) if k > 0 else None
             drafted = draft.tokens if draft else []
             t1 = time.perf_counter()
@@ -131,15 +140,17 @@ def generate_steps(
             if finish is None and len(context) >= target.n_ctx:
                 finish = "context"
             target.truncate(len(context) - 1)
-            if drafter is not None and k > 0:
-                drafter.feedback(len(drafted), n_acc)
-            catchup = draft.t_catchup if draft else 0.0
             # The price of verifying b tokens includes turning their b rows into the decision.
-            controller.observe(k, len(drafted), n_acc, t1 - t0 - catchup, time.perf_counter() - t1, catchup)
+            if drafter is not None:
+                drafter.learn(controller, k, draft, n_acc, t1 - t0, time.perf_counter() - t1)
+            else:
+                controller.observe(0, 0, 0, t1 - t0, time.perf_counter() - t1)
             t3 = time.perf_counter()
             yield Step(
                 tokens=tuple(emitted),
                 from_draft=tuple(from_draft),
+                source=draft.source if draft else "",
+                n_lookup=min(draft.n_lookup, n_acc) if draft else 0,
                 k=k,
                 n_drafted=len(drafted),
                 n_accepted=n_acc,

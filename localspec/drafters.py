@@ -1,7 +1,8 @@
 """Drafters: cheap proposers of the next few tokens, behind one small interface.
 
-A drafter is asked `limit(context)` (how many tokens it could offer now; None = any number) and then
-`propose(context, k, ...)`. It is told after verification how many of its tokens were accepted.
+The decoder asks a drafter to `plan(context, cap, controller)` (how many tokens to draft now; 0 =
+a plain step), then to `propose(context, k, ...)`, and after verification tells it with `learn`
+what was accepted and what it cost; the controller keeps what is learned (costs, acceptance).
 Drafters never decide what is emitted — only the acceptance rule does — so a bad draft costs speed,
 never correctness.
 """
@@ -15,8 +16,9 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .config import SamplingConfig
-from .prefix import common_prefix
 from .dists import Dist
+from .lookup import NGRAM_MAX, NGramStore
+from .prefix import common_prefix
 from .sampling import BadLogits, distribution
 
 
@@ -29,14 +31,25 @@ SYNC_LAG = 4
 class Draft:
     tokens: list[int]
     """Proposed continuation, possibly shorter than asked (or empty)."""
-    q: list[Dist] | None = None
+    q: list[Dist | None] | None = None
     """The distribution each token was sampled from; None for drafts that have no distribution
-    (prompt lookup, greedy drafts), verified as one-hot proposals."""
+    (prompt lookup, greedy drafts), verified as one-hot proposals. In a mixed draft the lookup
+    positions hold None (one-hot) and the model's positions their distribution."""
     t_catchup: float = 0.0
     """Seconds spent bringing the drafter up to date with text it had not seen (after plain steps);
     a one-off cost that must not be mistaken for the per-token price of drafting."""
     t_host: float = 0.0
     """Seconds of host work (turning the draft's logits into tokens), part of the drafting time."""
+    source: str = ""
+    """Who drafted: "model", "lookup", or "mixed" (a lookup prefix extended by the model)."""
+    n_lookup: int = 0
+    """How many of `tokens`, from the front, came from prompt lookup."""
+    classes: tuple[int, ...] = ()
+    """The match class of each lookup token (see lookup.py), for learning their acceptance."""
+    n_first: int = 0
+    """Tokens the draft model read in its first decode of this draft (0: no model decode)."""
+    t_first: float = 0.0
+    """Seconds of that first decode: with n_first, the draft's cost of catching up."""
 
 
 class Drafter(Protocol):
@@ -47,19 +60,35 @@ class Drafter(Protocol):
     def prepare(self, context: Sequence[int]) -> None:
         """Called once after the prompt is known, so its cost counts as prefill, not drafting."""
 
-    def limit(self, context: Sequence[int], k_max: int) -> int | None: ...
-
-    def lag(self, context: Sequence[int]) -> int:
-        """Tokens of `context` the drafter would have to read before drafting (0 = in step)."""
+    def plan(self, context: Sequence[int], cap: int, controller) -> int:
+        """How many tokens to draft now (0 = a plain step), at most `cap`."""
 
     def propose(
         self, context: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
     ) -> Draft: ...
 
-    def feedback(self, n_drafted: int, n_accepted: int) -> None: ...
+    def learn(self, controller, k: int, draft: Draft | None, n_accepted: int, t_draft: float,
+              t_verify: float) -> None:
+        """Told how the step went: the controller learns costs and acceptance from it."""
 
 
-class ModelDrafter:
+class _Single:
+    """plan/learn for a drafter that the KController drives alone (the draft model)."""
+
+    def plan(self, context, cap, controller) -> int:
+        limit = self.limit(context, cap)
+        in_sync = self.lag(context) <= SYNC_LAG
+        return controller.choose(cap if limit is None else min(limit, cap), in_sync=in_sync)
+
+    def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
+        n = len(draft.tokens) if draft else 0
+        catchup = draft.t_catchup if draft else 0.0
+        if draft is not None and draft.n_first:
+            controller.first_decode.observe(draft.n_first, draft.t_first)
+        controller.observe(k, n, n_accepted, t_draft - catchup, t_verify, catchup)
+
+
+class ModelDrafter(_Single):
     """A small GGUF sharing the target's tokenizer, drafting autoregressively.
 
     Its KV cache follows the accepted text by common prefix: after a rejection only the rejected
@@ -115,9 +144,10 @@ class ModelDrafter:
         m.truncate(keep)
         start = time.perf_counter()
         logits = m.eval(fresh, logits_from=-1)
+        first = time.perf_counter() - start
         # Usually 1-2 unseen tokens (the target's last token, maybe the last draft); more means it
         # sat out plain steps and had to catch up.
-        catchup = time.perf_counter() - start if len(view) - keep > SYNC_LAG else 0.0
+        catchup = first if len(view) - keep > SYNC_LAG else 0.0
         tokens: list[int] = []
         rows: list[Dist] = []
         host = 0.0
@@ -140,69 +170,77 @@ class ModelDrafter:
             logits = m.eval([x], logits_from=0)
         # Greedy drafts are checked against the target's argmax; no distribution is needed. Ids
         # past one vocabulary's end have p = 0 or q = 0 there, which the rule handles.
-        return Draft(tokens, rows or None, catchup, host)
-
-    def feedback(self, n_drafted: int, n_accepted: int) -> None:
-        pass  # the cache catches up by common prefix on the next proposal
+        return Draft(tokens, rows or None, catchup, host, source="model", n_first=len(fresh), t_first=first)
 
 
 class PromptLookup:
-    """Prompt-lookup drafting: find the latest earlier occurrence of the text's last n tokens
-    (longest n first) and propose what followed it.
+    """Prompt-lookup drafting from an n-gram store over the text (lookup.py), which lives as
+    long as the drafter: across the turns of a chat, and the requests of a server's drafter.
 
-    The n-gram index is updated incrementally as tokens arrive; it maps each n-gram to the end
-    position of its most recent occurrence that has a known continuation.
+    The draft length is chosen from the acceptance measured for each class of match
+    (`KController.lookup`) against the measured verify costs: drafting costs next to nothing, so
+    a token is worth proposing when its chance of acceptance pays for its verify row.
     """
 
     name = "lookup"
     draft_cost_free = True
 
-    def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
-        self.ngram_max = ngram_max
-        self.ngram_min = ngram_min
-        self._index: dict[tuple[int, ...], int] = {}
-        self._seen: list[int] = []
+    def __init__(self, ngram_max: int = NGRAM_MAX):
+        self.store = NGramStore(ngram_max)
         self._candidate: list[int] = []
+        self._classes: list[int] = []
 
     def prepare(self, context: Sequence[int]) -> None:
-        self._update(context)
-
-    def _update(self, context: Sequence[int]) -> None:
-        n_seen = len(self._seen)
-        if len(context) < n_seen or context[:n_seen] != self._seen:
-            self._index.clear()  # a different text (new conversation): start over
-            self._seen = []
-            n_seen = 0
-        self._seen.extend(context[n_seen:])
-        # n-grams ending at e are indexed once token e+1 exists; re-index the boundary position.
-        for e in range(max(n_seen - 1, 0), len(context) - 1):
-            for n in range(self.ngram_min, min(self.ngram_max, e + 1) + 1):
-                self._index[tuple(context[e - n + 1 : e + 1])] = e
+        self.store.update(context)
 
     def limit(self, context: Sequence[int], k_max: int) -> int:
-        """Find the match and return how many tokens it offers: no more than the match is long,
-        since a long identical run (the model copying its input) predicts a long continuation
-        while a two-token coincidence predicts little. Each rejected token costs a verify row."""
-        self._update(context)
-        self._candidate = []
-        size = len(context)
-        for n in range(min(self.ngram_max, size), self.ngram_min - 1, -1):
-            end = self._index.get(tuple(context[size - n :]))
-            if end is not None:
-                length = n
-                while length < k_max and end - length >= 0 and context[end - length] == context[size - 1 - length]:
-                    length += 1
-                self._candidate = list(context[end + 1 : end + 1 + min(k_max, length)])
-                break
+        """Find the candidate continuation (up to k_max tokens) and return its length."""
+        self.store.update(context)
+        self._candidate, self._classes = self.store.candidate(context, k_max)
         return len(self._candidate)
 
     def lag(self, context: Sequence[int]) -> int:
-        return 0  # the index is brought up to date for free
+        return 0  # the store is brought up to date for free
+
+    def candidate(self) -> tuple[list[int], list[int]]:
+        """The tokens and classes found by the last `limit`."""
+        return self._candidate, self._classes
+
+    def plan(self, context, cap, controller) -> int:
+        n = self.limit(context, cap)
+        if n == 0:
+            k = 0                                # nothing to draft
+        elif controller.fixed_k is not None:
+            k = min(controller.fixed_k, n)
+        elif controller.plain_due():
+            k = 0                                # time t_verify(1) first, and now and then
+        else:
+            k = best_lookup(controller, self._classes)[0]
+        controller.last_k = k
+        return k
 
     def propose(self, context, k, sampling, rng) -> Draft:
         if not self._candidate:
             self.limit(context, k)
-        return Draft(self._candidate[:k])
+        return Draft(self._candidate[:k], source="lookup", n_lookup=min(k, len(self._candidate)),
+                     classes=tuple(self._classes[:k]))
 
-    def feedback(self, n_drafted: int, n_accepted: int) -> None:
-        self._candidate = []
+    def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
+        if draft is not None and draft.tokens:
+            controller.lookup.observe(draft.classes, n_accepted)
+        controller.observe(k, len(draft.tokens) if draft else 0, n_accepted, t_draft, t_verify)
+        self._candidate, self._classes = [], []
+
+
+LOOKUP_OPTIMISM = 1.0
+"""Standard errors added to a seldom-tried lookup class's acceptance when choosing (lookup.py)."""
+
+
+def best_lookup(controller, classes: Sequence[int]) -> tuple[int, float]:
+    """The number of lookup tokens to verify (0..len(classes)) that maximises expected tokens per
+    second of target time, and that rate."""
+    rates = controller.lookup.rates(classes, optimism=LOOKUP_OPTIMISM)
+    tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(rates))))
+    rate = tokens / controller.verify_curve(len(classes) + 1)
+    k = int(np.argmax(rate))  # ties go to the shorter draft
+    return k, float(rate[k])

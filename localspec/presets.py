@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import yaml
 
-from localspec.config import DRAFTERS, ConfigError, SamplingConfig
+from localspec.config import DRAFTERS, NEEDS_DRAFT, ConfigError, SamplingConfig
 from localspec.defaults import EMBEDDED
 
 
@@ -55,7 +55,7 @@ class Preset:
     draft: ModelRef | None
     """The small model that proposes tokens; None unless ``drafter`` is ``model``."""
     drafter: str
-    """``model``, ``lookup`` or ``none`` (see ``DRAFTERS``)."""
+    """``auto``, ``model``, ``lookup`` or ``none`` (see ``DRAFTERS``)."""
     temperature: float
     """Suggested softmax temperature (0 = greedy)."""
     top_k: int
@@ -147,9 +147,9 @@ def _parse(path: Path, data: Any) -> Preset:
     if target is None:
         raise fail("target", "must not be null")
     draft = _model_ref(data.get("draft"), "draft", fail)
-    if drafter == "model" and draft is None:
-        raise fail("draft", "drafter 'model' needs a draft model")
-    if drafter != "model" and draft is not None:
+    if drafter in NEEDS_DRAFT and draft is None:
+        raise fail("draft", f"drafter '{drafter}' needs a draft model")
+    if drafter not in NEEDS_DRAFT and draft is not None:
         raise fail("draft", f"must be null when drafter is '{drafter}'")
 
     sampling = data["sampling"]

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Callable
 
 from . import vocab
-from .config import DRAFTERS, ConfigError, ModelConfig
+from .config import DRAFTERS, NEEDS_DRAFT, ConfigError, ModelConfig
 from .drafters import Drafter, ModelDrafter, PromptLookup
+from .hybrid import AutoDrafter
 from .engine import EngineError, Model, check_gguf
 
 
@@ -26,10 +27,10 @@ class LoadConfig:
     target: str | None = None
     """Target GGUF path; None = the embedded default (F32 SmolLM2-135M-Instruct)."""
     draft: str | None = None
-    """Draft GGUF path; None = the embedded default when the drafter is "model" and no target was
-    given, otherwise no draft model."""
+    """Draft GGUF path; None = the embedded default when the drafter needs a draft model and no
+    target was given, otherwise no draft model."""
     drafter: str | None = None
-    """"model", "lookup" or "none"; None = "model" when a draft is available, else "lookup"."""
+    """"auto", "model", "lookup" or "none"; None = "auto" when a draft is available, else "lookup"."""
     n_ctx: int = 4096
     """Context length for both models."""
     threads: int | None = None
@@ -60,10 +61,10 @@ def resolve_files(cfg: LoadConfig, notice: Callable[[str], None] | None = None) 
     from . import defaults
 
     notice = notice or (lambda m: print(m, file=sys.stderr, flush=True))
-    drafter = cfg.drafter or ("model" if cfg.draft or not cfg.target else "lookup")
-    if drafter == "model" and not cfg.draft and cfg.target:
-        raise ConfigError("--drafter model needs --draft PATH (a GGUF sharing the target's tokenizer)")
-    target, draft = defaults.default_pair(cfg.target, cfg.draft, drafter == "model", notice)
+    drafter = cfg.drafter or ("auto" if cfg.draft or not cfg.target else "lookup")
+    if drafter in NEEDS_DRAFT and not cfg.draft and cfg.target:
+        raise ConfigError(f"--drafter {drafter} needs --draft PATH (a GGUF sharing the target's tokenizer)")
+    target, draft = defaults.default_pair(cfg.target, cfg.draft, drafter in NEEDS_DRAFT, notice)
     for path in (target, draft):
         if path is not None:
             _with_rebuild_hint(check_gguf, path)  # both files, before spending time loading either
@@ -121,10 +122,11 @@ class Session:
 
     def make_drafter(self, kind: str | None = None) -> Drafter | None:
         kind = kind or self.drafter_kind
-        if kind == "model":
+        if kind in NEEDS_DRAFT:
             if self.draft is None:
                 raise ConfigError("no draft model is loaded; pass --draft PATH")
-            return ModelDrafter(self.draft, self.target.n_vocab)
+            model = ModelDrafter(self.draft, self.target.n_vocab)
+            return AutoDrafter(model) if kind == "auto" else model
         if kind == "lookup":
             return PromptLookup()
         return None

@@ -17,6 +17,16 @@ import numpy as np
 from .decoder import Step
 
 
+SOURCE_LETTER = {"model": "M", "lookup": "L", "mixed": "X", "plain": "P"}
+"""Short names of who served a step, for tables: M draft model, L prompt lookup, X lookup extended
+by the model, P plain."""
+
+
+def served(drafters: dict) -> str:
+    """Share of steps each source served (`RunStats.drafters`), e.g. "M62 L30 P8"."""
+    return " ".join(f"{SOURCE_LETTER.get(s, s)}{100 * d['share']:.0f}" for s, d in drafters.items()) or "—"
+
+
 def positions_tested(n_drafted: int, n_accepted: int) -> int:
     """Draft positions the acceptance rule tried in one step: the accepted ones, plus the first
     rejection unless every drafted position was accepted."""
@@ -50,6 +60,12 @@ class RunStats:
     # Inter-token latency samples: a step of m tokens taking s seconds gives m samples of s / m.
     step_seconds: list[float] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
+    # Who served each step ("plain", "model", "lookup", "mixed"), and accepted draft tokens by
+    # whom proposed them ("model", "lookup").
+    sources: list[str] = field(default_factory=list)
+    accepted_from: dict[str, int] = field(default_factory=dict)
+    steps_by: dict[str, int] = field(default_factory=dict)
+    tokens_by: dict[str, int] = field(default_factory=dict)
 
     def add(self, step: Step) -> None:
         # A stop string may take back tokens of earlier passes (step.withdrawn): they are not output.
@@ -60,6 +76,13 @@ class RunStats:
         self.n_accepted += step.n_accepted
         self.n_tested += positions_tested(step.n_drafted, step.n_accepted)
         self.n_from_draft += sum(step.from_draft)
+        source = step.source or "plain"
+        self.sources.append(source)
+        self.steps_by[source] = self.steps_by.get(source, 0) + 1
+        self.tokens_by[source] = self.tokens_by.get(source, 0) + max(made, 0)
+        for kind in step.kinds():
+            if kind != "target":
+                self.accepted_from[kind] = self.accepted_from.get(kind, 0) + 1
         self.t_draft += step.t_draft
         self.t_verify += step.t_verify
         self.t_python += step.t_python
@@ -135,6 +158,13 @@ class RunStats:
         """Mean milliseconds of a step that drafted nothing (k = 0)."""
         return 1000 * self.t_plain_steps / self.n_plain_steps if self.n_plain_steps else None
 
+    def drafters(self) -> dict[str, dict]:
+        """Per source of steps (plain, model, lookup, mixed): how many steps it served, their
+        share of all steps, and the tokens it made (accepted draft tokens plus the target's)."""
+        order = sorted(self.steps_by, key=lambda s: -self.steps_by[s])
+        return {s: {"steps": self.steps_by[s], "share": self.steps_by[s] / self.n_steps,
+                    "tokens": self.tokens_by[s]} for s in order}
+
     def acceptance_by_position(self) -> list[float]:
         """Per draft position i: share of the steps that drafted position i in which it (and so
         every position before it) was accepted."""
@@ -167,4 +197,6 @@ class RunStats:
             "verify_ms_per_step": self.verify_ms_per_step,
             "plain_step_ms": self.plain_step_ms,
             "finish": self.finish,
+            "drafters": self.drafters(),
+            "accepted_from": dict(self.accepted_from),
         }

@@ -31,9 +31,10 @@ class Chunk:
     """The tokens released now: a token whose text could still begin a stop string is held back
     to a later chunk (or dropped when the stop string completes), so the chunks' tokens add up to
     the output."""
-    pieces: tuple[tuple[str, bool], ...]
-    """Per released token: (its text, came from an accepted draft) — for highlighting. Joined over
-    all chunks they give the text shown (the token a stop string begins in is cut at it)."""
+    pieces: tuple[tuple[str, str], ...]
+    """Per released token: (its text, who proposed it: "model" or "lookup" for an accepted draft
+    token, "target" for the target's own) — for colouring. Joined over all chunks they give the
+    text shown (the token a stop string begins in is cut at it)."""
     elapsed: float
     """Seconds since generation started (prefill included)."""
 
@@ -116,10 +117,10 @@ def stream_text(target, drafter, prompt, sampling, decode, controller=None, rng=
     start = time.perf_counter()
     text = TextStream(target.piece, decode.stop)
     steps = generate_steps(target, drafter, prompt, sampling, decode, controller, rng, stop=text.push)
-    flags: list[bool] = []  # from_draft of the tokens the stream holds
+    flags: list[str] = []  # who proposed each token the stream holds (Step.kinds)
     try:
         for step in steps:
-            flags += step.from_draft
+            flags += step.kinds()
             del flags[len(flags) - step.withdrawn:]
             shown, released = text.take(final=step.finish is not None)
             n = len(released)

@@ -146,10 +146,17 @@ def _check(rec: dict) -> None:
                 raise ValueError(f"bad {name}.alpha.{b}.by_position")
 
 
+def record_name(drafter: str | None) -> str | None:
+    """Whose record a drafter reads and writes: `auto`'s controller is the draft model's (its
+    lookup statistics are learned afresh each run, in a few steps)."""
+    return "model" if drafter == "auto" else drafter
+
+
 def apply(controller: KController, rec: dict | None, drafter: str, temperature: float) -> bool:
     """Warm-start `controller` (for `drafter` at `temperature`) from `rec`; False if nothing fit."""
     if not rec:
         return False
+    drafter = record_name(drafter)
     verify = {int(b): float(t) for b, t in rec["verify"].items()}
     d = rec["drafters"].get(drafter, {})
     a = d.get("alpha", {}).get(band(temperature))
@@ -178,6 +185,7 @@ def save(controller: KController, session, drafter: str | None, temperature: flo
     learned = controller.learned()
     if not learned["verify"]:
         return None
+    drafter = record_name(drafter)
     update: dict = {}
     if drafter and drafter != "none":
         update = {f: learned[f] for f in ("draft_cost", "resume_cost", "draft_by_n") if learned[f] is not None}

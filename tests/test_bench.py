@@ -43,6 +43,7 @@ WILDCARDS = {
     "<category>": r"[^.]+",
     "<k>": r"[^.]+",
     "<ref>": r"(?:plain|lookup)",
+    "<source>": r"(?:model|lookup|mixed|plain)",
 }
 
 
@@ -109,12 +110,14 @@ def check_schema(report: dict) -> set[str]:
 
 @pytest.fixture(scope="module")
 def reports(model_paths, tmp_path_factory):
-    """(model drafter with -k 2,auto, lookup drafter with -k 3 and --compare) on a 2-prompt file."""
+    """(model drafter with -k 2,auto, lookup drafter with -k 3 and --compare, the default auto) on
+    a 2-prompt file."""
     f = tmp_path_factory.mktemp("bench") / "two.jsonl"
     f.write_text(TWO_PROMPTS, encoding="utf-8")
     out = []
-    for extra in (["-k", "2,auto"],
-                  ["--drafter", "lookup", "--target", str(model_paths[0]), "-k", "3", "--compare", "llama-cpp-python"]):
+    for extra in (["--drafter", "model", "-k", "2,auto"],
+                  ["--drafter", "lookup", "--target", str(model_paths[0]), "-k", "3", "--compare", "llama-cpp-python"],
+                  []):
         result = invoke("--prompts", str(f), *TINY, *extra)
         assert result.exit_code == 0, result.output
         out.append(json.loads(result.stdout))
@@ -166,6 +169,24 @@ def test_compare_report_contents(reports):
     assert set(ref["lookup"]["localspec_speedup"]) == {"plain", "3"}
     assert len(r["runs"]) == 2 * 4
     assert "llama-cpp-python" in format_report(r)
+
+
+def test_auto_runs_each_drafter_alone_beside_it(reports):
+    r = reports[2]
+    assert r["config"]["drafter"] == "auto" and r["config"]["k"] == ["auto"]
+    spec = r["overall"]["spec"]
+    assert list(spec) == ["model", "lookup", "auto"] and set(r["controllers"]) == set(spec)
+    assert [x["variant"] for x in r["runs"] if x["prompt"] == 0] == [
+        "plain", "spec:model", "spec:lookup", "spec:auto"]
+    for key, s in spec.items():
+        assert sum(d["steps"] for d in s["drafters"].values()) == s["n_steps"]
+        assert sum(d["share"] for d in s["drafters"].values()) == pytest.approx(1.0)
+        assert sum(s["accepted_from"].values()) == s["n_accepted"]
+    assert set(spec["model"]["drafters"]) <= {"model", "plain"}
+    assert set(spec["lookup"]["drafters"]) <= {"lookup", "plain"}
+    assert set(spec["auto"]["accepted_from"]) <= {"model", "lookup"}
+    table = format_report(r)
+    assert "auto against each drafter alone" in table and "× best single" in table
 
 
 # ---- bad input: one line, exit 2, before any model loads ----------------------------------------------

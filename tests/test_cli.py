@@ -29,7 +29,7 @@ def test_generate_json_on_the_default_pair():
     for field, kind in JSON_FIELDS.items():
         assert isinstance(data[field], kind), (field, data[field])
     assert data["n_tokens"] == len(data["tokens"]) > 0
-    assert data["drafter"] == "model" and data["draft"].endswith(".gguf")
+    assert data["drafter"] == "auto" and data["draft"].endswith(".gguf")
     assert data["n_drafted"] > 0 and data["alpha"] == pytest.approx(data["n_accepted"] / data["n_tested"])
     assert data["draft_efficiency"] == pytest.approx(data["n_accepted"] / data["n_drafted"])
     assert data["draft_efficiency"] <= data["alpha"]

@@ -9,6 +9,8 @@ from localspec.config import ConfigError, DecodeConfig, ModelConfig, SamplingCon
 from localspec.decoder import generate_steps
 from localspec.drafters import ModelDrafter, PromptLookup
 from localspec.engine import Model
+from localspec.hybrid import AutoDrafter
+from tests.test_exact_e2e import Mixed
 from localspec.sampling import probabilities
 
 PROMPTS = [
@@ -52,20 +54,34 @@ def plain_f32(target):
     return {text: run(target, None, chat(target, text), GREEDY, 0, N_GREEDY)[0] for text in PROMPTS}
 
 
-@pytest.mark.parametrize("drafter_kind,k", [("model", 4), ("model", None), ("lookup", 6)])
+def make(kind: str, draft):
+    if kind == "auto":
+        return AutoDrafter(ModelDrafter(draft))
+    if kind == "mixed":   # every step 2 lookup tokens then 2 of the model's, when lookup has any
+        return Mixed(ModelDrafter(draft))
+    return ModelDrafter(draft) if kind == "model" else PromptLookup()
+
+
+@pytest.mark.parametrize("drafter_kind,k", [("model", 4), ("model", None), ("lookup", 6), ("lookup", None),
+                                            ("auto", None), ("auto", 4), ("mixed", 4)])
 def test_greedy_matches_plain_on_f32_target(target, draft, plain_f32, drafter_kind, k):
     drafted = accepted = 0
+    sources = set()
     for text in PROMPTS:
         prompt = chat(target, text)
         plain = plain_f32[text]
-        drafter = ModelDrafter(draft) if drafter_kind == "model" else PromptLookup()
-        spec, steps = run(target, drafter, prompt, GREEDY, k, N_GREEDY)
+        spec, steps = run(target, make(drafter_kind, draft), prompt, GREEDY, k, N_GREEDY)
         assert spec == plain, f"greedy speculative output diverged for {text!r}"
         drafted += sum(s.n_drafted for s in steps)
         accepted += sum(s.n_accepted for s in steps)
+        sources |= {s.source for s in steps if s.n_drafted}
     assert drafted > 0, "the drafter never proposed anything: the test would prove nothing"
     if drafter_kind == "model":
         assert accepted / drafted > 0.5
+    if drafter_kind == "auto" and k is None:
+        assert {"model", "lookup"} <= sources, sources   # auto really drafted with both
+    if drafter_kind == "mixed":
+        assert "mixed" in sources, sources
 
 
 def _plain_logits(model: Model, context: list[int]) -> np.ndarray:
@@ -224,6 +240,11 @@ class _Bursts:
 
     def observe(self, *args):
         pass
+
+    class first_decode:   # noqa: N801 - stands in for the controller's BatchCost
+        @staticmethod
+        def observe(*args):
+            pass
 
 
 def test_draft_restarts_on_a_window_after_long_plain_stretches(target, draft, plain_f32):

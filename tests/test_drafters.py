@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from localspec.config import SamplingConfig
 from localspec.drafters import PromptLookup
+from localspec.lookup import LookupRates, class_of
 from localspec.prefix import common_prefix
 
 CFG = SamplingConfig(temperature=0.0)
@@ -17,11 +19,49 @@ def propose(lookup: PromptLookup, context: list[int], k: int = 8) -> list[int]:
     return lookup.propose(context, k, CFG, RNG).tokens
 
 
-def test_proposes_what_followed_the_latest_match():
+def test_proposes_what_followed_the_latest_match_and_drafts_on_past_it():
     #           0  1  2  3  4  5  6  7  8  9 10 11
     context = [1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 1, 2]
-    # suffix (1, 2) last occurred at 5..6 (followed by 3, 7, 7), earlier at 0..1 (followed by 3, 9).
-    assert propose(PromptLookup(), context) == [3, 7]  # bounded by the match length (2)
+    # suffix (1, 2) was followed by 3 twice; then (1, 2, 3) by 9 (at 3) and by 7 (at 8): the copy
+    # in progress is of the occurrence at 5..8, so 7 wins, and the draft goes on past the match.
+    lookup = PromptLookup()
+    assert propose(lookup, context)[:4] == [3, 7, 7, 1]
+    _, classes = lookup.candidate()
+    # the first token rests on a 2-token match with one continuation; the second on a 3-token
+    # match whose n-gram had two continuations
+    assert classes[0] == class_of(2, False) and classes[1] == class_of(3, True)
+
+
+def test_the_most_frequent_continuation_wins_among_equally_long_matches():
+    # (5, 6) is followed by 1 twice and by 2 once (most recently); all matches are 2 long
+    context = [5, 6, 1, 0, 5, 6, 1, 0, 5, 6, 2, 9, 9, 5, 6]
+    assert propose(PromptLookup(), context)[0] == 1
+
+
+def test_a_longer_match_beats_a_more_frequent_continuation():
+    # (5, 6) is followed by 1 three times, but the text ends like the occurrence at 10..13
+    context = [5, 6, 1, 3, 5, 6, 1, 4, 5, 6, 1, 8, 8, 7, 3, 5, 6, 2, 4, 8, 8, 7, 3, 5, 6]
+    assert propose(PromptLookup(), context)[0] == 2
+
+
+def test_an_earlier_text_still_counts():
+    lookup = PromptLookup()
+    propose(lookup, [1, 2, 3, 4, 1, 2])
+    # a new conversation: its own text has no match, but the earlier one says (1, 2) -> 3, 4
+    assert propose(lookup, [9, 8, 1, 2])[:2] == [3, 4]
+    # and no n-gram spans the boundary between the two texts
+    assert lookup.store.text.count(-1) == 1
+
+
+def test_lookup_rates_learn_per_class():
+    rates = LookupRates()
+    weak, strong = class_of(2, True), class_of(16, False)
+    for _ in range(60):
+        rates.observe([strong, strong, weak], 3)       # all accepted
+        rates.observe([weak, strong], 0)               # the weak one rejected, the next untested
+    got = rates.rates([strong, weak])
+    assert got[0] > 0.95 and got[1] < 0.6
+    assert rates.rates([class_of(8, False)])[0] == pytest.approx(0.65)   # untried: its prior
 
 
 def test_longest_ngram_wins_over_a_more_recent_shorter_one():
@@ -51,12 +91,6 @@ def test_incremental_index_equals_a_fresh_one():
     for end in range(51, 300, 7):  # the text grows by a few tokens per step, as in decoding
         got = propose(grown, text[:end])
         assert got == propose(PromptLookup(), text[:end]), end
-
-
-def test_a_different_text_resets_the_index():
-    lookup = PromptLookup()
-    assert propose(lookup, [1, 2, 3, 4, 1, 2]) == [3, 4]
-    assert propose(lookup, [9, 8, 9, 8, 5, 5]) == []  # new conversation: no stale matches from the old one
 
 
 def test_common_prefix():

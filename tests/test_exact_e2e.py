@@ -29,6 +29,11 @@ target to ~97 %, so a wrong rule moves each token's law by a few percent only (~
 The sharpened draft still drafts through `ModelDrafter` with a real model; exactness must hold for
 any draft, and one far from the target rejects, and resamples from the residual, on most runs.
 
+`auto` runs as it would for a user (with a fixed k = 4 it fills the draft with lookup tokens
+first, then the draft model's); `mixed` forces every step to 2 lookup tokens (q one-hot) then 2
+tokens of the sharpened draft (q = its distribution), so the mixed case is tested on every run,
+and its teeth are a q list that is not aligned with the draft's positions.
+
 The processed rows come from localspec.sampling.distribution, which test_sampling_real checks
 against the float64 reference; what is under test here is the speculation around it.
 """
@@ -39,9 +44,11 @@ import numpy as np
 import pytest
 
 import localspec.decoder
+from localspec.acceptance import accept_sampled
 from localspec.config import DecodeConfig, SamplingConfig
 from localspec.decoder import generate_steps
 from localspec.drafters import ModelDrafter, PromptLookup
+from localspec.hybrid import AutoDrafter, Plan
 from localspec.sampling import distribution
 from tests.test_acceptance import chi2_check, chi2_critical
 
@@ -53,7 +60,7 @@ ALPHA = 1e-4
 # Repetitive, so prompt lookup has a match from the first step; ending mid-phrase, so the first
 # token is uncertain.
 PROMPT = "The cat sat on the mat. The dog sat on the rug. The cat sat on the mat. The dog sat on the rug. The cat sat on the"
-RUNS = {"model": 150, "sharp": 200, "lookup": 200}
+RUNS = {"model": 150, "sharp": 200, "lookup": 200, "auto": 150, "mixed": 200}
 
 
 class Scaled:
@@ -71,9 +78,24 @@ class Scaled:
         return None if rows is None else rows * self._scale
 
 
+class Mixed(AutoDrafter):
+    """`auto` made to draft mixed: 2 lookup tokens (one-hot q) then the sharpened draft's 2
+    (q = its distribution), whatever the controller would choose."""
+
+    def plan(self, context, cap, controller) -> int:
+        self.lookup.limit(context, cap)
+        n = len(self.lookup.candidate()[0])
+        self._plan = Plan("mixed", K, min(2, n)) if n else Plan("model", K)
+        return K
+
+
 def make_drafter(kind: str, draft):
     if kind == "lookup":
         return PromptLookup()
+    if kind == "auto":
+        return AutoDrafter(ModelDrafter(draft))
+    if kind == "mixed":
+        return Mixed(ModelDrafter(Scaled(draft)))
     return ModelDrafter(draft if kind == "model" else Scaled(draft))
 
 
@@ -100,9 +122,9 @@ class Target:
         return [self._rows[key] for key in keys]
 
 
-def sample_runs(target, draft, kind: str, n: int, seed: int = 0):
+def sample_runs(target, draft, kind: str, n: int, seed: int = 0, sources: set | None = None):
     """n runs, each seeded [seed, r]: per run (tokens, per position the n_drafted of the step that
-    emitted it (the end-of-generation position included), finish)."""
+    emitted it (the end-of-generation position included), finish). `sources` collects who drafted."""
     prompt = target.tokenize(PROMPT)
     runs = []
     for r in range(n):
@@ -111,6 +133,8 @@ def sample_runs(target, draft, kind: str, n: int, seed: int = 0):
                                    rng=np.random.default_rng([seed, r])):
             tokens += step.tokens
             verified += [step.n_drafted] * (len(step.tokens) + (step.finish == "stop"))
+            if sources is not None:
+                sources.add(step.source)
             finish = step.finish
         runs.append((tokens, verified, finish))
     return prompt, runs
@@ -156,7 +180,10 @@ def check(target, prompt, runs) -> dict:
 
 @pytest.mark.parametrize("kind", list(RUNS))
 def test_k4_sampled_output_follows_the_target(target, draft, kind):
-    prompt, runs = sample_runs(target, draft, kind, RUNS[kind])
+    sources: set = set()
+    prompt, runs = sample_runs(target, draft, kind, RUNS[kind], sources=sources)
+    if kind == "mixed":
+        assert "mixed" in sources, sources
     # A draft model stops drafting at an end-of-generation token, so a few runs open with fewer.
     opened = [verified[0] for _, verified, _ in runs]
     assert min(opened) >= 2 and opened.count(K) >= 0.9 * len(runs), "runs must open with k = 4 drafts"
@@ -185,11 +212,21 @@ def residual_is_p(draft, p, q, rng):
     return len(draft), p[len(draft)].sample(rng)
 
 
+def q_misaligned(draft, p, q, rng):
+    """The right rule, but a mixed draft's q not padded at its lookup positions: the model's
+    distributions land on the lookup tokens (which they never proposed) and the model's tokens
+    are verified one-hot. (Verifying every position one-hot would still be exact, only slower.)"""
+    if q is not None:
+        q = [d for d in q if d is not None] + [None] * sum(d is None for d in q)
+    return accept_sampled(draft, p, q, rng)
+
+
 @pytest.mark.parametrize("rule,kind,n", [
     (always_accept, "sharp", 60),
     (always_accept, "lookup", 60),
     (residual_is_p, "sharp", 250),   # power: a miss on other hardware ~0.2 % (noncentrality ~65)
-], ids=["always_accept-sharp", "always_accept-lookup", "residual_is_p-sharp"])
+    (q_misaligned, "mixed", 200),
+], ids=["always_accept-sharp", "always_accept-lookup", "residual_is_p-sharp", "q_misaligned-mixed"])
 def test_a_wrong_acceptance_rule_fails_the_same_statistic(target, draft, monkeypatch, rule, kind, n):
     monkeypatch.setattr(localspec.decoder, "accept_sampled", rule)
     prompt, runs = sample_runs(target, draft, kind, n)

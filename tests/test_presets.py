@@ -47,7 +47,7 @@ def test_shipped_presets_all_validate():
     assert preset_dir().name in ("models", "_models")
     for p in found:
         assert p.path.stem == p.name and p.description and "\n" not in p.description
-        assert (p.draft is not None) == (p.drafter == "model")
+        assert (p.draft is not None) == (p.drafter in ("auto", "model"))
         for _, ref in p.models():
             assert ref.embedded or (ref.repo and ref.file.endswith(".gguf"))
         p.sampling()  # the suggested settings pass SamplingConfig's own checks
@@ -57,7 +57,7 @@ def test_default_preset_is_the_embedded_pair():
     p = load_preset("smollm2-135m-self")
     assert p.target == ModelRef(embedded="smollm2-135m-f32")
     assert p.draft == ModelRef(embedded="smollm2-135m-q4_1")
-    assert (p.drafter, p.k, p.n_ctx) == ("model", None, 4096)
+    assert (p.drafter, p.k, p.n_ctx) == ("auto", None, 4096)
     assert (p.temperature, p.top_k, p.top_p, p.min_p) == (0.8, 40, 0.95, 0.05)
     lookup = load_preset("smollm2-135m-lookup")
     assert lookup.drafter == "lookup" and lookup.draft is None

@@ -95,7 +95,7 @@ def test_chat_equals_generate_streamed_or_not_with_localspec_usage(served):
     u = whole.usage
     assert u.completion_tokens == 24 and u.total_tokens == u.prompt_tokens + 24
     ls = u.model_extra["localspec"]
-    assert ls["drafter"] == "model" and ls["n_drafted"] > 0 and 0 <= ls["alpha"] <= 1
+    assert ls["drafter"] == "auto" and ls["n_drafted"] > 0 and 0 <= ls["alpha"] <= 1
     assert {"draft_efficiency", "tokens_per_pass", "mean_k", "tokens_per_second"} <= set(ls)
 
     stream = c.chat.completions.create(model="any", messages=[{"role": "user", "content": PROMPT}],
@@ -107,7 +107,7 @@ def test_chat_equals_generate_streamed_or_not_with_localspec_usage(served):
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
     assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-1].choices == []
     last = chunks[-1].usage
-    assert last.completion_tokens == 24 and last.model_extra["localspec"]["drafter"] == "model"
+    assert last.completion_tokens == 24 and last.model_extra["localspec"]["drafter"] == "auto"
     # The same prompt again: the target's cache already holds all of it but the last token.
     assert last.prompt_tokens_details.cached_tokens == last.prompt_tokens - 1
 
@@ -309,7 +309,7 @@ def test_metrics_and_models(served):
         assert f"# TYPE localspec_{name} " in text
     assert 'localspec_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
     data = httpx.get(served.url + "/v1/models").json()["data"][0]
-    assert data["object"] == "model" and data["localspec"]["drafter"] == "model"
+    assert data["object"] == "model" and data["localspec"]["drafter"] == "auto"
 
 
 def test_serve_without_the_extra_says_how_to_install_it():

@@ -160,7 +160,7 @@ def test_keys_toggle_speculation_drafter_temperature_highlight(session):
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
             chat = app.chat
-            assert chat.drafter_kind == "model"
+            assert chat.drafter_kind == "auto"
             await pilot.press("f2")
             assert chat.drafter_kind == "none"
             await send(pilot, "Hi!")
@@ -168,11 +168,13 @@ def test_keys_toggle_speculation_drafter_temperature_highlight(session):
             await pilot.pause(0.3)
             assert "0 (off)" in screen_text(app)
             await pilot.press("f2")
+            assert chat.drafter_kind == "auto"
+            await pilot.press("f3")
             assert chat.drafter_kind == "model"
             await pilot.press("f3")
             assert chat.drafter_kind == "lookup"
             await pilot.press("f3", "f3")
-            assert chat.drafter_kind == "model"
+            assert chat.drafter_kind == "auto"
             await pilot.press("f4")
             assert chat.sampling.temperature == 0.3
             await pilot.pause()
@@ -204,7 +206,7 @@ def test_reset_clears_the_conversation(session):
 
 WIDE_LABELS = ["α (all)", "α (last 32)", "k now", "tokens/s", "plain tok/s", "speedup", "draft eff.", "by position"]
 NARROW_LABELS = ["α ", "α32 ", "k ", "tok/s ", "plain ", "drafted "]
-COMMON_LABELS = ["accepted draft", "target's own token", "T 0 · model · k auto · ready",
+COMMON_LABELS = ["model draft", "lookup draft", "T 0 · auto · k auto · ready",
                  "Send", "esc Stop", "f2 Spec on/off", "f3 Drafter", "f4 Temp", "f5 Highlight", "^q Quit"]
 
 
@@ -226,7 +228,7 @@ def test_layout_snapshot(session, size, tmp_path):
     labels = (WIDE_LABELS if size[0] >= 100 else NARROW_LABELS) + COMMON_LABELS
     missing = [label for label in labels if label not in text]
     assert not missing, f"cut off or missing at {size}: {missing}\n{text}"
-    assert "α" in svg and "speculation" in svg and "accepted draft" in svg
+    assert "α" in svg and "speculation" in svg and "lookup draft" in svg
     assert "localspec" in lines[0] and re.search(r"(CPU|GPU) · 1 thread", lines[0])   # header intact
 
 

@@ -314,8 +314,8 @@ class ChatApp(App):
         chat = self.chat
         drafter = chat.drafter_kind
         label = drafter
-        if drafter == "model" and self.session.draft is not None:
-            label = f"model {short_name(self.session.draft.path).rsplit('.', 1)[-1]}"
+        if drafter in ("model", "auto") and self.session.draft is not None:
+            label = f"{drafter} {short_name(self.session.draft.path).rsplit('.', 1)[-1]}"
         return {"drafter": drafter, "drafter_label": label, "k": chat.k,
                 "temperature": chat.sampling.temperature}
 

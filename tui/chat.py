@@ -21,6 +21,7 @@ from localspec.controller import KController
 from localspec.decoder import Step
 from localspec.prefix import common_prefix
 from localspec.stats import RunStats, positions_tested
+from localspec.stats import served as stats_served
 from localspec.stream import Chunk, stream_text
 
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
@@ -60,6 +61,7 @@ class LiveStats:
             efficiency = total.draft_efficiency
             by_position = total.acceptance_by_position()
             plain = self._plain
+            served = total.drafters()
         # α as everywhere: accepted / tested positions (localspec.stats), here over the window
         r_tested = sum(positions_tested(s.n_drafted, s.n_accepted) for s in recent)
         r_accepted = sum(s.n_accepted for s in recent)
@@ -80,6 +82,9 @@ class LiveStats:
             "drafted": drafted,
             "accepted": accepted,
             "by_position": by_position,
+            # who served the passes, e.g. "M62 L30 P8", and who served the last one
+            "served": stats_served(served) if served else None,
+            "source_now": (recent[-1].source or "plain") if recent else None,
         }
 
 
@@ -131,7 +136,7 @@ class Chat:
     # ---- settings ------------------------------------------------------------------------------
     @property
     def kinds(self) -> tuple[str, ...]:
-        return (("model",) if self.session.draft is not None else ()) + ("lookup", "none")
+        return (("auto", "model") if self.session.draft is not None else ()) + ("lookup", "none")
 
     def toggle_speculation(self) -> str:
         """none ↔ the drafter used before."""

@@ -44,10 +44,11 @@ class PromptReady(Message):
 
 @dataclass
 class ReplyChunk(Message):
-    """Tokens one target pass added to the reply: ((text, from_draft), ...)."""
+    """Tokens one target pass added to the reply: ((text, who proposed it), ...), who being
+    "model" or "lookup" (an accepted draft token) or "target"."""
 
     turn: int
-    pieces: tuple[tuple[str, bool], ...]
+    pieces: tuple[tuple[str, str], ...]
 
 
 @dataclass

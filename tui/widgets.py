@@ -8,7 +8,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, Sparkline, Static
 
-DRAFT_STYLE = "bold #5fd7ff"     # accepted draft tokens; the target's own tokens stay plain
+DRAFT_STYLE = "bold #5fd7ff"     # accepted tokens of the draft model; the target's own stay plain
+LOOKUP_STYLE = "bold #ffaf5f"    # accepted tokens of prompt lookup
+STYLES = {"model": DRAFT_STYLE, "lookup": LOOKUP_STYLE}
 BARS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 13
 
@@ -27,7 +29,9 @@ def k_label(view: dict, settings: dict) -> str:
     if settings["drafter"] == "none":
         return "0 (off)"
     mode = "auto" if settings["k"] is None else "fixed"
-    return f"{'—' if view['k_now'] is None else view['k_now']} ({mode})"
+    source = view.get("source_now")
+    by = f" {source}" if source and settings["drafter"] == "auto" else ""
+    return f"{'—' if view['k_now'] is None else view['k_now']} ({mode}){by}"
 
 
 def panel_rows(view: dict, settings: dict) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -39,6 +43,7 @@ def panel_rows(view: dict, settings: dict) -> tuple[list[tuple[str, str]], list[
     ]
     below = [
         ("k now", k_label(view, settings)),
+        ("steps by", view.get("served") or "—"),
         ("tokens/pass", fmt(view["tokens_per_pass"])),
         ("tokens/s", fmt(view["tps"], ".1f")),
         ("plain tok/s", fmt(view["plain_tps"], ".1f")),
@@ -79,6 +84,7 @@ def compact(view: dict, settings: dict) -> Text:
         ("accepted", str(view["accepted"])), ("eff", fmt(view["draft_efficiency"])),
         ("by pos", bars(view["by_position"], 8)),
         ("drafter", settings["drafter"]),
+        ("steps", view.get("served") or "—"),
     ):
         text.append(f"{label} ", style="dim")
         text.append(f"{value}  ", style="bold")
@@ -130,7 +136,7 @@ class ReplyView(Static):
 
     def __init__(self, highlight: bool = True, **kwargs) -> None:
         super().__init__(Text("…", style="dim"), **kwargs)
-        self.pieces: list[tuple[str, bool]] = []
+        self.pieces: list[tuple[str, str]] = []
         self.highlight = highlight
         self.note = ""
 
@@ -152,8 +158,8 @@ class ReplyView(Static):
 
     def redraw(self) -> None:
         text = Text()
-        for piece, from_draft in self.pieces:
-            text.append(piece, style=DRAFT_STYLE if from_draft and self.highlight else "")
+        for piece, kind in self.pieces:
+            text.append(piece, style=STYLES.get(kind, "") if self.highlight else "")
         if not self.pieces:
             text.append("…", style="dim")
         if self.note:
@@ -199,8 +205,9 @@ class Legend(Static):
     def show(self, highlight: bool) -> None:
         text = Text()
         if highlight:
-            text.append("accepted draft", style=DRAFT_STYLE)
-            text.append("  target's own token", style="")
+            text.append("model draft", style=DRAFT_STYLE)
+            text.append("  lookup draft", style=LOOKUP_STYLE)
+            text.append("  target", style="")
             text.append("  F5", style="dim")
         else:
             text.append("highlighting off  F5", style="dim")

@@ -1,0 +1,59 @@
+"""The cost of one decode of the draft model as a function of how many tokens it reads.
+
+After prompt-lookup steps the draft model is behind the text by what lookup got accepted, and its
+next proposal must first read those tokens. On a GPU that costs about one decode whatever the
+count; on a CPU it grows with it. `BatchCost` learns the line a + c·n from the draft's first
+decodes, so that choosing the draft model after lookup steps is charged what catching up costs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WEIGHT = 0.25        # of a new timing in a size's EWMA
+PRIOR_SLOPE = 0.1    # per extra token, as a share of a one-token decode, until two sizes are timed
+MAX_SIZE = 512
+
+
+class BatchCost:
+    def __init__(self) -> None:
+        self._by_n: dict[int, float] = {}
+        self._count: dict[int, int] = {}
+        self._line: tuple[float, float] | None = None
+
+    def observe(self, n: int, seconds: float) -> None:
+        if not (1 <= n <= MAX_SIZE and np.isfinite(seconds) and seconds > 0):
+            return
+        old = self._by_n.get(n)
+        self._by_n[n] = seconds if old is None else (1 - WEIGHT) * old + WEIGHT * min(seconds, 2 * old)
+        self._count[n] = self._count.get(n, 0) + 1
+        self._line = None
+
+    def predict(self, n: int) -> float | None:
+        """Seconds for a decode of n tokens; None before any timing."""
+        if not self._by_n:
+            return None
+        if self._line is None:
+            ns = np.array(sorted(self._by_n), dtype=float)
+            ts = np.array([self._by_n[int(x)] for x in ns])
+            if len(ns) == 1:
+                base = ts[0] / (1 + PRIOR_SLOPE * (ns[0] - 1))
+                self._line = (base * (1 - PRIOR_SLOPE), base * PRIOR_SLOPE)
+            else:
+                w = np.sqrt(np.minimum([self._count[int(x)] for x in ns], 16))
+                slope, base = np.polyfit(ns, ts, 1, w=w)
+                slope = max(float(slope), 0.0)
+                base = max(float(base), 0.0) if slope > 0 else float(np.average(ts, weights=w))
+                self._line = (base, slope)
+        base, slope = self._line
+        return base + slope * n
+
+    def extra(self, n: int, usual: int = 2) -> float:
+        """What reading n tokens costs beyond the usual in-step first decode (≈ `usual` tokens)."""
+        if n <= usual:
+            return 0.0
+        hi, lo = self.predict(n), self.predict(usual)
+        return 0.0 if hi is None or lo is None else max(hi - lo, 0.0)
+
+    def snapshot(self) -> dict:
+        return {str(n): t for n, t in sorted(self._by_n.items())}

@@ -1,0 +1,146 @@
+"""`--drafter auto`: per step, the best of prompt lookup, the draft model, both, or plain decoding.
+
+Each step compares the expected tokens per second of target and draft time of:
+- plain decoding: one token per t_verify(1);
+- prompt lookup: its candidate's tokens, each accepted with the rate learned for its class of match
+  (`LookupRates`), drafting nearly free, verified for t_verify(k + 1);
+- the draft model, at the k its `KController` chose: acceptance per position, drafting cost, and
+  the price of reading what it has not seen yet (after lookup steps), from `first_decode`;
+- mixed: the first m lookup tokens extended by j model tokens. The model reads the lookup prefix
+  in its first decode; it drafts on only if every lookup token is accepted, so its tokens count
+  with the probability of that.
+Everything compared was measured at earlier steps; nothing of this step's target output is read
+before the choice, so the choice cannot bias what is emitted. The KController still decides when
+the model is tried while plain wins (its probes) and when a plain step must time t_verify(1).
+
+In a mixed draft the acceptance rule sees q = one-hot at the lookup positions (lookup proposes
+without a distribution) and the model's distribution at the model positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .drafters import LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: str = ""   # "" (plain), "model", "lookup" or "mixed"
+    k: int = 0         # tokens to draft
+    m: int = 0         # of which from lookup (a prefix)
+
+
+PLAIN = Plan()
+
+
+def choose(controller, candidate: Sequence[int], classes: Sequence[int], lag: int, cap: int) -> Plan:
+    """The plan for this step. `candidate`/`classes`: lookup's proposal; `lag`: tokens the draft
+    model must read before drafting; `cap`: the most tokens this step may draft."""
+    k_model = controller.choose(cap, in_sync=lag <= SYNC_LAG)
+    model = Plan("model", k_model) if k_model else PLAIN
+    n = min(len(candidate), cap)
+    if controller.fixed_k is not None:
+        # k tokens whatever: each of the first positions goes to lookup while its token is more
+        # likely accepted than the model's (by what each has earned), the rest to the model.
+        k = k_model
+        alpha = controller.alpha if controller.alpha is not None else 0.7
+        m = 0
+        for rate in controller.lookup.rates(classes[:min(n, k)], optimism=LOOKUP_OPTIMISM):
+            if rate < alpha:
+                break
+            m += 1
+        if m >= k:
+            return Plan("lookup", k, k) if k else PLAIN
+        return Plan("mixed", k, m) if m else model
+    if n == 0 or controller.plain_due() or controller.starting():
+        return model
+    tokens_m, seconds_m = controller.estimates(cap)
+    verify = controller.verify_curve(cap + 1)          # verify[b - 1]: b tokens
+    drafting = controller.draft_seconds(cap)
+    catchup = controller.first_decode
+    best, plan = 1.0 / verify[0], PLAIN
+    if k_model:
+        rate = tokens_m[k_model] / (seconds_m[k_model] + catchup.extra(lag))
+        if rate > best:
+            best, plan = rate, model
+    rates = controller.lookup.rates(classes[:n], optimism=LOOKUP_OPTIMISM)
+    reach = np.cumprod(rates)                             # P(first m lookup tokens accepted)
+    gained = 1.0 + np.cumsum(reach)                       # expected tokens, m = 1..n
+    lookup = gained / verify[1:n + 1]
+    m = int(np.argmax(lookup))
+    if lookup[m] > best:
+        best, plan = float(lookup[m]), Plan("lookup", m + 1, m + 1)
+    top = min(n, cap - 1)
+    if top >= 1:
+        # m lookup tokens then j model tokens (m + j <= cap), all pairs at once: the model's
+        # expected accepted tokens count only when all m lookup tokens were accepted.
+        ms = np.arange(1, top + 1)[:, None]
+        js = np.arange(1, cap)[None, :]
+        fits = ms + js <= cap
+        js = np.where(fits, js, 1)
+        tokens = gained[ms - 1] + reach[ms - 1] * (tokens_m[js] - 1.0)
+        extra = np.array([catchup.extra(lag + m) for m in range(1, top + 1)])[:, None]
+        seconds = drafting[js] + extra + verify[np.minimum(ms + js, cap)]
+        mixed = np.where(fits, tokens / seconds, -np.inf)
+        m, j = np.unravel_index(int(np.argmax(mixed)), mixed.shape)
+        if mixed[m, j] > best:
+            best, plan = float(mixed[m, j]), Plan("mixed", int(m + j + 2), int(m + 1))
+    if plan is PLAIN and k_model:
+        return model   # the controller's probe: how it learns that the model pays again
+    return plan
+
+
+class AutoDrafter:
+    """Prompt lookup and a draft model behind one drafter; `choose` picks per step."""
+
+    name = "auto"
+    draft_cost_free = False
+
+    def __init__(self, model: ModelDrafter, lookup: PromptLookup | None = None):
+        self.model = model
+        self.lookup = lookup or PromptLookup()
+        self._plan = PLAIN
+
+    def prepare(self, context: Sequence[int]) -> None:
+        self.model.prepare(context)
+        self.lookup.prepare(context)
+
+    def lag(self, context: Sequence[int]) -> int:
+        return self.model.lag(context)
+
+    def plan(self, context, cap, controller) -> int:
+        self.lookup.limit(context, cap)
+        candidate, classes = self.lookup.candidate()
+        self._plan = choose(controller, candidate, classes, self.model.lag(context), cap)
+        return self._plan.k
+
+    def propose(self, context, k, sampling, rng) -> Draft:
+        plan = self._plan
+        if plan.source == "lookup":
+            return self.lookup.propose(context, k, sampling, rng)
+        if plan.source == "model" or plan.m == 0:
+            return self.model.propose(context, k, sampling, rng)
+        prefix = self.lookup.propose(context, plan.m, sampling, rng)
+        rest = self.model.propose([*context, *prefix.tokens], k - plan.m, sampling, rng)
+        q = None if rest.q is None else [None] * plan.m + list(rest.q)
+        return Draft([*prefix.tokens, *rest.tokens], q, rest.t_catchup, rest.t_host, "mixed",
+                     plan.m, prefix.classes, rest.n_first, rest.t_first)
+
+    def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
+        n = len(draft.tokens) if draft else 0
+        controller.observe_verify(n + 1, t_verify)
+        self.lookup._candidate = []
+        if draft is None or n == 0:
+            return
+        if draft.n_first:
+            controller.first_decode.observe(draft.n_first, draft.t_first)
+        m = draft.n_lookup
+        if m:
+            controller.lookup.observe(draft.classes, min(n_accepted, m))
+        if n > m and n_accepted >= m:   # the model's tokens were reached: they were tested
+            resume = draft.t_catchup if m == 0 else 0.0   # a lookup prefix is no resume
+            controller.observe_draft(n - m, n_accepted - m, t_draft - draft.t_catchup, resume)

@@ -1,0 +1,166 @@
+"""Prompt lookup: an n-gram store over all the text seen, and acceptance learned per kind of match.
+
+The store keeps, for every n-gram (n = 1..NGRAM_MAX) of the text, how often each token followed
+it and where it last did. It outlives one prompt: a new text (the next chat turn, the next request)
+is appended after a boundary, so what earlier texts said still counts, as in llama.cpp's
+ngram-cache. A draft is built token by token, each from the longest n-gram that ends the text
+plus what was drafted so far.
+
+When several tokens have followed that n-gram, the one whose last occurrence continues the
+longest match wins (the model copying a passage copies the place it is in, not a common
+continuation), and among equally long matches the one seen most often, then the latest.
+
+Each drafted token gets a class: how long the match behind it is (bucketed) and whether its
+n-gram was followed by other tokens before. `LookupRates` learns the acceptance of each class, so
+the draft length comes from what such matches have earned, not from the match length alone.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+NGRAM_MAX = 4
+RUN_MAX = 32               # a match is measured back at most this far
+BUCKETS = (1, 2, 3, 4, 8, 16, 32)   # match lengths where a class starts
+N_CLASSES = 2 * len(BUCKETS)        # x 2: the n-gram had one continuation so far, or several
+CAPACITY = 1 << 20         # tokens kept; past this the store starts over with the current text
+_SEP = -1                  # between texts: no n-gram spans it
+
+# Before any trial, a class is expected to accept this often (unique continuation; several: less),
+# worth PRIOR_WEIGHT trials; each trial of a class discounts its older ones by DECAY.
+PRIOR_UNIQUE = (0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 0.9)
+PRIOR_AMBIGUOUS_FACTOR = 0.6
+PRIOR_WEIGHT = 2.0
+DECAY = 0.97
+_FULL = 1 / (1 - DECAY)
+
+
+def bucket(length: int) -> int:
+    """Index of the match-length bucket `length` falls in (BUCKETS are their lower bounds)."""
+    b = 0
+    while b + 1 < len(BUCKETS) and length >= BUCKETS[b + 1]:
+        b += 1
+    return b
+
+
+def class_of(length: int, ambiguous: bool) -> int:
+    return 2 * bucket(length) + int(ambiguous)
+
+
+def describe_class(c: int) -> str:
+    lo = BUCKETS[c // 2]
+    hi = BUCKETS[c // 2 + 1] - 1 if c // 2 + 1 < len(BUCKETS) else None
+    span = str(lo) if hi == lo else f"{lo}-{hi}" if hi else f"{lo}+"
+    return f"match {span}" + (" (several continuations)" if c % 2 else "")
+
+
+class NGramStore:
+    """n-gram counts over every text seen, updated incrementally as the text grows."""
+
+    def __init__(self, ngram_max: int = NGRAM_MAX, capacity: int = CAPACITY):
+        self.ngram_max = ngram_max
+        self.capacity = capacity
+        self.text: list[int] = []
+        self._start = 0           # where the current text begins in self.text
+        self._index: dict[tuple[int, ...], dict[int, list[int]]] = {}
+
+    def update(self, context: Sequence[int]) -> None:
+        """Make `context` the current text: extend it, or start a new one after a boundary."""
+        seen = len(self.text) - self._start
+        if len(context) < seen or self.text[self._start:] != list(context[:seen]):
+            if len(self.text) + len(context) > self.capacity:
+                self.text, self._index = [], {}
+            elif self.text:
+                self.text.append(_SEP)
+            self._start, seen = len(self.text), 0
+        old = len(self.text)
+        self.text.extend(context[seen:])
+        text, index, start = self.text, self._index, self._start
+        for j in range(max(old, start + 1), len(text)):  # j: position of a token that follows n-grams
+            tok = text[j]
+            for n in range(1, min(self.ngram_max, j - start) + 1):
+                entry = index.setdefault(tuple(text[j - n:j]), {})
+                seen_at = entry.get(tok)
+                if seen_at is None:
+                    entry[tok] = [1, j]
+                else:
+                    seen_at[0] += 1
+                    seen_at[1] = j
+
+    def _match(self, pos: int, tail: Sequence[int], known: int) -> int:
+        """How many tokens before position `pos` of the text equal the end of `tail` (at least
+        `known`, which the n-gram already guarantees; at most RUN_MAX)."""
+        text = self.text
+        n = known
+        limit = min(RUN_MAX, len(tail), pos)
+        while n < limit and text[pos - 1 - n] == tail[-1 - n]:
+            n += 1
+        return n
+
+    def candidate(self, context: Sequence[int], k: int) -> tuple[list[int], list[int]]:
+        """Up to k tokens predicted to follow `context` (which must be the current text, see
+        `update`), and the class of each."""
+        tail = list(context[-RUN_MAX:])
+        tokens: list[int] = []
+        classes: list[int] = []
+        follow, run = -1, 0      # the occurrence being copied, and the match behind it
+        text, index = self.text, self._index
+        for _ in range(k):
+            entry = None
+            for n in range(min(self.ngram_max, len(tail)), 0, -1):
+                entry = index.get(tuple(tail[-n:]))
+                if entry:
+                    break
+            if not entry:
+                break
+            if len(entry) == 1:
+                ((tok, (count, pos)),) = entry.items()
+                length = run + 1 if pos == follow + 1 else self._match(pos, tail, n)
+            else:
+                best = None
+                for t, (count, p) in entry.items():
+                    m = run + 1 if p == follow + 1 else self._match(p, tail, n)
+                    key = (bucket(m), count, p)
+                    if best is None or key > best[0]:
+                        best = (key, t, p, m)
+                _, tok, pos, length = best
+            tokens.append(tok)
+            classes.append(class_of(length, len(entry) > 1))
+            follow, run = pos, length
+            tail.append(tok)
+            if len(tail) > 2 * RUN_MAX:
+                del tail[:RUN_MAX]
+        return tokens, classes
+
+
+class LookupRates:
+    """Acceptance of lookup-drafted tokens per class, as discounted Beta counts."""
+
+    def __init__(self) -> None:
+        prior = np.array([[p, p * PRIOR_AMBIGUOUS_FACTOR] for p in PRIOR_UNIQUE]).ravel()
+        self._s = prior * PRIOR_WEIGHT
+        self._w = np.full(N_CLASSES, PRIOR_WEIGHT)
+        self.trials = 0
+
+    def rates(self, classes: Sequence[int], optimism: float = 0.0) -> np.ndarray:
+        """Acceptance per drafted token; `optimism` adds that many standard errors beyond those of
+        a full memory, so a class seldom tried gets tried (or it could never prove itself)."""
+        c = np.asarray(classes, dtype=int)
+        s, w = self._s[c], self._w[c]
+        r = s / w
+        if optimism:
+            excess = np.maximum(1 / np.sqrt(w) - 1 / np.sqrt(_FULL), 0.0)
+            r = np.minimum(r + optimism * np.sqrt(r * (1 - r)) * excess, 1.0)
+        return r
+
+    def observe(self, classes: Sequence[int], n_accepted: int) -> None:
+        """Tokens before the first rejection were accepted, that one rejected, later ones untested."""
+        for i, c in enumerate(classes[: n_accepted + 1]):
+            self._s[c] = DECAY * self._s[c] + (i < n_accepted)
+            self._w[c] = DECAY * self._w[c] + 1.0
+            self.trials += 1
+
+    def snapshot(self) -> dict:
+        return {describe_class(c): round(float(self._s[c] / self._w[c]), 3) for c in range(N_CLASSES)}
