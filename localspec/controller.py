@@ -72,6 +72,7 @@ HOLD_PLAIN = 8             # once plain wins, skip re-deciding for this many ste
                            # deciding costs ~0.1 ms, 1-2% of a plain step)
 WARM_ALPHA_WEIGHT = 16.0   # a warm start's alpha is worth this many trials: a third of the EWMA memory
 WARM_POSITION_WEIGHT = 3.0  # ...and its rate at each draft position this many
+WARM_TRUST = 64            # steps a warm start's verify costs are believed without being re-timed
 
 _FULL_POSITION = 1 / (1 - POSITION_DECAY) + POSITION_SHRINK   # weights of a saturated EWMA
 _FULL_ALPHA = 1 / (1 - ALPHA_DECAY)
@@ -103,15 +104,16 @@ def _line(xs: np.ndarray, ys: np.ndarray, counts) -> tuple[float, float]:
     return float(base), max(float(slope), 0.0)
 
 
-def _replace_recorded(costs: dict[int, float], key: int, timed: float, others: set[int]) -> None:
+def _replace_recorded(costs: dict[int, float], key: int, timed: float, others: set[int]) -> float:
     """A warm start's cost gives way to the first timing made here, and the machine's speed now
     (it drifts between runs) rescales the recorded costs not timed yet: the record keeps its
-    shape, this run sets its level."""
+    shape, this run sets its level. Returns the factor applied."""
     old = costs[key]
     ratio = min(max(timed / old, 0.5), 2.0) if old > 0 else 1.0
     for other in others:
         costs[other] *= ratio
     costs[key] = timed
+    return ratio
 
 
 def _cusum(total: float, hits: np.ndarray, p: np.ndarray, q: np.ndarray) -> float:
@@ -319,13 +321,19 @@ class KController:
     def observe_verify(self, b: int, t_verify: float) -> None:
         """Record one target pass over b tokens (every step, whoever drafted)."""
         self._steps += 1
+        if self._steps == WARM_TRUST and self._prior - {1}:
+            self._forget_unconfirmed()
         if np.isfinite(t_verify) and t_verify > 0:
             # The first timing of a size is often cold (seen: +10..40%): a faster second replaces
             # it. Costs drift as the context grows, most for a size timed long ago (t_verify(1)
             # while speculating), so a stale size's new timing counts half.
             last, n = self._timed.get(b, (self._steps, 0))
             if b in self._prior:
-                _replace_recorded(self._verify, b, t_verify, self._prior - {b})
+                ratio = _replace_recorded(self._verify, b, t_verify, self._prior - {b})
+                if self._draft_prior:   # the same machine drafts: today's speed sets that level too
+                    self._draft *= ratio
+                    self._draft_by_n = {n_: t * ratio for n_, t in self._draft_by_n.items()}
+                    self._draft_line = None
                 n = 0
             elif n == 1 and t_verify < self._verify[b]:
                 self._verify[b] = t_verify
@@ -336,6 +344,17 @@ class KController:
             self._prior.discard(b)
             self._curve = None
         self._since_plain = 0 if b == 1 else self._since_plain + 1
+
+    def _forget_unconfirmed(self) -> None:
+        """Drop the recorded batch sizes no step has re-timed. A record written while the machine
+        was busy can price every batch too high; believed for ever, it keeps the controller plain,
+        so those sizes are never timed again (prompt lookup has no probes, and the model's become
+        hopeless-rare): a bench stayed 100% plain that way. Forgotten, the curve rests on what was
+        measured here, with the prior's mild slope beyond it, and drafting gets tried."""
+        for b in self._prior - {1}:
+            del self._verify[b]
+        self._prior &= {1}
+        self._curve = None
 
     def observe_draft(self, n_drafted: int, n_accepted: int, t_draft: float, t_resume: float = 0.0) -> None:
         """Record what the draft model proposed and what of it was accepted."""

@@ -48,12 +48,13 @@ class BatchCost:
         base, slope = self._line
         return base + slope * n
 
-    def extra(self, n: int, usual: int = 2) -> float:
-        """What reading n tokens costs beyond the usual in-step first decode (≈ `usual` tokens)."""
-        if n <= usual:
-            return 0.0
-        hi, lo = self.predict(n), self.predict(usual)
-        return 0.0 if hi is None or lo is None else max(hi - lo, 0.0)
+    def extra(self, n, usual: int = 2):
+        """What reading n tokens (an int or an array of them) costs beyond the usual in-step first
+        decode (≈ `usual` tokens): the line's slope times the tokens past `usual`."""
+        if self.predict(usual) is None:
+            return np.zeros(np.shape(n)) if np.ndim(n) else 0.0
+        extra = self._line[1] * np.maximum(np.asarray(n, dtype=float) - usual, 0.0)
+        return extra if np.ndim(n) else float(extra)
 
     def snapshot(self) -> dict:
         return {str(n): t for n, t in sorted(self._by_n.items())}

@@ -229,6 +229,10 @@ class PromptLookup:
         if draft is not None and draft.tokens:
             controller.lookup.observe(draft.classes, n_accepted)
         controller.observe(k, len(draft.tokens) if draft else 0, n_accepted, t_draft, t_verify)
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the step's candidate: the next step looks up afresh from the text it brings."""
         self._candidate, self._classes = [], []
 
 
@@ -236,11 +240,18 @@ LOOKUP_OPTIMISM = 1.0
 """Standard errors added to a seldom-tried lookup class's acceptance when choosing (lookup.py)."""
 
 
+def lookup_expectation(controller, classes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(reach, tokens) for drafting the first m lookup tokens, m = 0..len(classes): reach[m] is
+    P(all m accepted), tokens[m] the expected tokens the step yields (the target's own included)."""
+    rates = controller.lookup.rates(classes, optimism=LOOKUP_OPTIMISM)
+    reach = np.concatenate(([1.0], np.cumprod(rates)))
+    return reach, 1.0 + np.concatenate(([0.0], np.cumsum(reach[1:])))
+
+
 def best_lookup(controller, classes: Sequence[int]) -> tuple[int, float]:
     """The number of lookup tokens to verify (0..len(classes)) that maximises expected tokens per
     second of target time, and that rate."""
-    rates = controller.lookup.rates(classes, optimism=LOOKUP_OPTIMISM)
-    tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(rates))))
+    tokens = lookup_expectation(controller, classes)[1]
     rate = tokens / controller.verify_curve(len(classes) + 1)
     k = int(np.argmax(rate))  # ties go to the shorter draft
     return k, float(rate[k])

@@ -24,7 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafters import LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup
+from .drafters import (LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup, best_lookup,
+                       lookup_expectation)
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,9 @@ def choose(controller, candidate: Sequence[int], classes: Sequence[int], lag: in
         rate = tokens_m[k_model] / (seconds_m[k_model] + catchup.extra(lag))
         if rate > best:
             best, plan = rate, model
-    rates = controller.lookup.rates(classes[:n], optimism=LOOKUP_OPTIMISM)
-    reach = np.cumprod(rates)                             # P(first m lookup tokens accepted)
-    gained = 1.0 + np.cumsum(reach)                       # expected tokens, m = 1..n
-    lookup = gained / verify[1:n + 1]
-    m = int(np.argmax(lookup))
-    if lookup[m] > best:
-        best, plan = float(lookup[m]), Plan("lookup", m + 1, m + 1)
+    m, rate = best_lookup(controller, classes[:n])
+    if m and rate > best:
+        best, plan = rate, Plan("lookup", m, m)
     top = min(n, cap - 1)
     if top >= 1:
         # m lookup tokens then j model tokens (m + j <= cap), all pairs at once: the model's
@@ -82,8 +79,9 @@ def choose(controller, candidate: Sequence[int], classes: Sequence[int], lag: in
         js = np.arange(1, cap)[None, :]
         fits = ms + js <= cap
         js = np.where(fits, js, 1)
-        tokens = gained[ms - 1] + reach[ms - 1] * (tokens_m[js] - 1.0)
-        extra = np.array([catchup.extra(lag + m) for m in range(1, top + 1)])[:, None]
+        reach, gained = lookup_expectation(controller, classes[:top])
+        tokens = gained[ms] + reach[ms] * (tokens_m[js] - 1.0)
+        extra = catchup.extra(lag + ms)
         seconds = drafting[js] + extra + verify[np.minimum(ms + js, cap)]
         mixed = np.where(fits, tokens / seconds, -np.inf)
         m, j = np.unravel_index(int(np.argmax(mixed)), mixed.shape)
@@ -133,7 +131,7 @@ class AutoDrafter:
     def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
         n = len(draft.tokens) if draft else 0
         controller.observe_verify(n + 1, t_verify)
-        self.lookup._candidate = []
+        self.lookup.forget()
         if draft is None or n == 0:
             return
         if draft.n_first:

@@ -69,7 +69,7 @@ class NGramStore:
     def update(self, context: Sequence[int]) -> None:
         """Make `context` the current text: extend it, or start a new one after a boundary."""
         seen = len(self.text) - self._start
-        if len(context) < seen or self.text[self._start:] != list(context[:seen]):
+        if not self._continues(context, seen):
             if len(self.text) + len(context) > self.capacity:
                 self.text, self._index = [], {}
             elif self.text:
@@ -88,6 +88,17 @@ class NGramStore:
                 else:
                     seen_at[0] += 1
                     seen_at[1] = j
+
+    def _continues(self, context: Sequence[int], seen: int) -> bool:
+        """Whether `context` extends the current text. Called every step, so it looks at a few
+        positions, not all (comparing everything would cost O(context) per step): a decode's
+        context only ever grows by what was accepted, and a new text (a chat's next turn, a
+        request) that shares the first, middle and last seen tokens is treated as a continuation.
+        A wrong guess could only mislead drafts, which verification catches; never the output."""
+        if len(context) < seen:
+            return False
+        text, start = self.text, self._start
+        return all(text[start + i] == context[i] for i in {0, seen // 2, seen - 1} if 0 <= i < seen)
 
     def _match(self, pos: int, tail: Sequence[int], known: int) -> int:
         """How many tokens before position `pos` of the text equal the end of `tail` (at least

@@ -14,7 +14,9 @@ import json
 import numpy as np
 import pytest
 
-from localspec.controller import REFRESH_PLAIN, KController, expected_tokens
+from localspec.controller import REFRESH_PLAIN, WARM_TRUST, KController, expected_tokens
+from localspec.drafters import best_lookup
+from localspec.lookup import class_of
 
 MS = 1e-3
 # Measured on a 2-core CPU: F32 SmolLM2-135M decode of b tokens; the Q4_1 draft per token.
@@ -529,3 +531,32 @@ def test_a_damaged_warm_start_record_is_ignored_where_not_finite():
     json.dumps(ctrl.snapshot(), allow_nan=False)
     assert _finite_positive([ctrl.verify_cost(b) for b in range(1, 6)])
     assert ctrl.choose() == 4   # nothing usable about drafting: it measures from the start
+
+
+def test_a_record_from_a_busy_moment_is_forgotten_unless_confirmed():
+    """A record written while the machine was busy prices batches 3-6× too high. Believed for
+    ever it would keep both drafters plain, so no size would be re-timed: prompt lookup never
+    probes, and the model's probes become hopeless-rare. Recorded sizes that no step confirms
+    within WARM_TRUST steps are forgotten, and drafting comes back."""
+    today = linear_verify(0.05)
+    busy = {b: today(1) * (3 + 1.5 * (b - 1) if b > 1 else 1) for b in range(1, 14)}
+    model = KController(k_max=12)
+    model.warm_start(busy, 1 * MS, None, 0.9, None)
+    ks = simulate(model, np.random.default_rng(5), 300, lambda s, p: 0.9, today, 1 * MS)
+    assert not any(ks[:WARM_TRUST - 1])                  # the record is believed at first...
+    assert np.mean(np.array(ks[WARM_TRUST + 40:]) > 1) > 0.9, np.bincount(ks)   # ...not for ever
+
+    lookup = KController(k_max=12, draft_cost_free=True)
+    lookup.warm_start(busy, 0.0, None, 0.9, None)
+    classes = [class_of(16, False)] * 8
+    rng, drafted = np.random.default_rng(6), []
+    for _ in range(300):
+        k = 0 if lookup.plain_due() else best_lookup(lookup, classes)[0]
+        n_acc = 0
+        while n_acc < k and rng.random() < 0.95:
+            n_acc += 1
+        lookup.lookup.observe(classes[:k], n_acc)
+        lookup.observe(k, k, n_acc, 0.0, today(k + 1))
+        drafted.append(k)
+    assert not any(drafted[:WARM_TRUST - 1])
+    assert np.mean(np.array(drafted[WARM_TRUST + 40:]) > 1) > 0.9, np.bincount(drafted)
