@@ -149,9 +149,9 @@ def summary_line(r: dict) -> str:
 
 
 def _register_commands() -> None:
-    from . import cli_bench, cli_doctor, cli_presets, cli_serve
+    from . import cli_bench, cli_doctor, cli_history, cli_presets, cli_serve
 
-    for module in (cli_presets, cli_bench, cli_doctor, cli_serve):
+    for module in (cli_presets, cli_bench, cli_doctor, cli_serve, cli_history):
         module.register(app)
     # Commands from other packages (the terminal UI registers `chat`) arrive through entry points,
     # so this package never imports them directly.

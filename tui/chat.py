@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from localspec import warmstart
+from localspec import conversation, warmstart
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig
 from localspec.controller import KController
 from localspec.decoder import Step
@@ -167,27 +167,21 @@ class Chat:
 
     # ---- one turn ------------------------------------------------------------------------------
     def messages(self) -> list[dict[str, str]]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.history
+        return conversation.messages(self.system, self.history)
 
     def prepare(self, text: str) -> Turn:
         """Add the user's message and build the prompt with the GGUF's chat template, dropping the
         oldest user/assistant pairs (never the system prompt) while prompt + max_tokens > n_ctx."""
         target = self.session.target
         self.history.append({"role": "user", "content": text})
-        dropped = 0
-        while True:
-            prompt = target.chat_prompt(self.messages())
-            if len(prompt) + self.max_tokens <= target.n_ctx or len(self.history) < 3:
-                break
-            del self.history[:2]   # a user message and its reply go together: roles keep alternating
-            dropped += 2
-        if len(prompt) >= target.n_ctx - 1:
+        try:
+            fitted = conversation.fit(self.system, self.history, target.chat_prompt, target.n_ctx, self.max_tokens)
+        except ConfigError:
             self.history.pop()
-            raise ConfigError(f"message too long: the prompt is {len(prompt)} tokens and n_ctx is "
-                              f"{target.n_ctx}; shorten it or restart with a larger --n-ctx")
+            raise
+        del self.history[:fitted.dropped]
         # The decoder syncs the cache to prompt[:-1]; this much of it is already there.
-        return Turn(prompt, dropped, common_prefix(target.tokens, prompt[:-1]))
+        return Turn(fitted.prompt, fitted.dropped, common_prefix(target.tokens, fitted.prompt[:-1]))
 
     def reply(self, turn: Turn, on_chunk: Callable[[Chunk], None]) -> Reply:
         """Generate the assistant's reply to a prepared turn; stops between target passes once
