@@ -35,9 +35,6 @@ class Draft:
     """The distribution each token was sampled from; None for drafts that have no distribution
     (prompt lookup, greedy drafts), verified as one-hot proposals. In a mixed draft the lookup
     positions hold None (one-hot) and the model's positions their distribution."""
-    t_catchup: float = 0.0
-    """Seconds spent bringing the drafter up to date with text it had not seen (after plain steps);
-    a one-off cost that must not be mistaken for the per-token price of drafting."""
     t_host: float = 0.0
     """Seconds of host work (turning the draft's logits into tokens), part of the drafting time."""
     source: str = ""
@@ -82,10 +79,22 @@ class _Single:
 
     def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
         n = len(draft.tokens) if draft else 0
-        catchup = draft.t_catchup if draft else 0.0
-        if draft is not None and draft.n_first:
-            controller.first_decode.observe(draft.n_first, draft.t_first)
+        catchup = catchup_seconds(controller, draft)
         controller.observe(k, n, n_accepted, t_draft - catchup, t_verify, catchup)
+
+
+def catchup_seconds(controller, draft: Draft | None) -> float:
+    """Of a draft's time, what its first decode spent reading more than the usual one or two
+    tokens (text the model missed: plain or lookup steps, a lookup prefix). Learns the first
+    decode's cost line on the way. The rest is drafting proper, so every timing of k drafted
+    tokens measures the same thing (a usual first decode + k - 1 single ones), however far behind
+    the model was; leaving the catch-up in would make drafting look dearer (a two-point line once
+    priced a token at 14 ms where it costs 9, and the model was dropped), taking the whole first
+    decode out would make it look cheaper."""
+    if draft is None or not draft.n_first:
+        return 0.0
+    controller.first_decode.observe(draft.n_first, draft.t_first)
+    return min(controller.first_decode.extra(draft.n_first), draft.t_first)
 
 
 class ModelDrafter(_Single):
@@ -145,9 +154,6 @@ class ModelDrafter(_Single):
         start = time.perf_counter()
         logits = m.eval(fresh, logits_from=-1)
         first = time.perf_counter() - start
-        # Usually 1-2 unseen tokens (the target's last token, maybe the last draft); more means it
-        # sat out plain steps and had to catch up.
-        catchup = first if len(view) - keep > SYNC_LAG else 0.0
         tokens: list[int] = []
         rows: list[Dist] = []
         host = 0.0
@@ -170,7 +176,7 @@ class ModelDrafter(_Single):
             logits = m.eval([x], logits_from=0)
         # Greedy drafts are checked against the target's argmax; no distribution is needed. Ids
         # past one vocabulary's end have p = 0 or q = 0 there, which the rule handles.
-        return Draft(tokens, rows or None, catchup, host, source="model", n_first=len(fresh), t_first=first)
+        return Draft(tokens, rows or None, host, source="model", n_first=len(fresh), t_first=first)
 
 
 class PromptLookup:

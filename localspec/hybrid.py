@@ -9,6 +9,8 @@ Each step compares the expected tokens per second of target and draft time of:
 - mixed: the first m lookup tokens extended by j model tokens. The model reads the lookup prefix
   in its first decode; it drafts on only if every lookup token is accepted, so its tokens count
   with the probability of that.
+Lookup's rates learn from every step: a step served by the model or plain scores the candidate
+lookup offered against what was emitted (`AutoDrafter._score_unused`).
 Everything compared was measured at earlier steps; nothing of this step's target output is read
 before the choice, so the choice cannot bias what is emitted. The KController still decides when
 the model is tried while plain wins (its probes) and when a plain step must time t_verify(1).
@@ -25,7 +27,8 @@ from typing import Sequence
 import numpy as np
 
 from .drafters import (LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup, best_lookup,
-                       lookup_expectation)
+                       catchup_seconds, lookup_expectation)
+from .prefix import common_prefix
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class AutoDrafter:
         self.model = model
         self.lookup = lookup or PromptLookup()
         self._plan = PLAIN
+        self._offered: tuple[int, list[int], list[int]] | None = None   # (at, candidate, classes)
+        self._unused: tuple[int, list[int], list[int]] | None = None
 
     def prepare(self, context: Sequence[int]) -> None:
         self.model.prepare(context)
@@ -111,8 +116,10 @@ class AutoDrafter:
         return self.model.lag(context)
 
     def plan(self, context, cap, controller) -> int:
+        self._score_unused(context, controller)
         self.lookup.limit(context, cap)
         candidate, classes = self.lookup.candidate()
+        self._offered = (len(context), candidate, classes)
         self._plan = choose(controller, candidate, classes, self.model.lag(context), cap)
         return self._plan.k
 
@@ -125,20 +132,34 @@ class AutoDrafter:
         prefix = self.lookup.propose(context, plan.m, sampling, rng)
         rest = self.model.propose([*context, *prefix.tokens], k - plan.m, sampling, rng)
         q = None if rest.q is None else [None] * plan.m + list(rest.q)
-        return Draft([*prefix.tokens, *rest.tokens], q, rest.t_catchup, rest.t_host, "mixed",
+        return Draft([*prefix.tokens, *rest.tokens], q, rest.t_host, "mixed",
                      plan.m, prefix.classes, rest.n_first, rest.t_first)
+
+    def _score_unused(self, context, controller) -> None:
+        """Score lookup's candidate of the last step, if the step did not use it, against what the
+        step emitted. A proposal x is accepted with probability p(x), and the emitted token is x
+        with the same probability whoever drafted (the output has the target's law), so this is
+        an unbiased trial of lookup's classes, and free: without it lookup's rates learn only on
+        the steps it wins, and stay stale where the model serves."""
+        if self._unused is None:
+            return
+        at, candidate, classes = self._unused
+        self._unused = None
+        emitted = context[at:at + len(candidate)]
+        n = common_prefix(candidate, emitted)
+        controller.lookup.observe(classes[:len(emitted)], n)
 
     def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
         n = len(draft.tokens) if draft else 0
         controller.observe_verify(n + 1, t_verify)
         self.lookup.forget()
+        if not (draft and draft.n_lookup) and self._offered and self._offered[1]:
+            self._unused = self._offered
         if draft is None or n == 0:
             return
-        if draft.n_first:
-            controller.first_decode.observe(draft.n_first, draft.t_first)
+        catchup = catchup_seconds(controller, draft)
         m = draft.n_lookup
         if m:
             controller.lookup.observe(draft.classes, min(n_accepted, m))
         if n > m and n_accepted >= m:   # the model's tokens were reached: they were tested
-            resume = draft.t_catchup if m == 0 else 0.0   # a lookup prefix is no resume
-            controller.observe_draft(n - m, n_accepted - m, t_draft - draft.t_catchup, resume)
+            controller.observe_draft(n - m, n_accepted - m, t_draft - catchup, catchup if m == 0 else 0.0)

@@ -246,6 +246,10 @@ class _Bursts:
         def observe(*args):
             pass
 
+        @staticmethod
+        def extra(n):
+            return 0.0
+
 
 def test_draft_restarts_on_a_window_after_long_plain_stretches(target, draft, plain_f32):
     text = PROMPTS[0]

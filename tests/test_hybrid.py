@@ -84,3 +84,24 @@ def test_start_up_and_plain_refresh_are_the_controllers():
 def test_a_fixed_k_fills_with_lookup_first(n, expect):
     c = KController(12, fixed_k=4)
     assert choose(c, list(range(n)), [LONG] * n, lag=0, cap=12) == expect
+
+
+def test_a_candidate_the_step_did_not_use_is_scored_against_what_was_emitted():
+    """Steps served by the model or plain still teach lookup's rates: the candidate lookup offered
+    is compared with the tokens the step emitted. A step that verified lookup's tokens is not
+    scored twice."""
+    from localspec.drafters import Draft
+    from localspec.hybrid import AutoDrafter
+
+    c = KController(12)
+    auto = AutoDrafter(model=None)
+    before = c.lookup.rates([SHORT])[0]
+    auto._offered = (3, [7, 8, 9], [SHORT, SHORT, SHORT])
+    auto.learn(c, 2, Draft([7, 8], source="model"), 2, 0.01, 0.02)   # the model served it
+    auto._score_unused([1, 2, 3, 7, 8, 4], c)                          # emitted 7 8 4: 2 hits, 1 miss
+    assert c.lookup.trials == 3 and c.lookup.rates([SHORT])[0] > before
+    auto._offered = (6, [5, 5], [SHORT, SHORT])
+    auto.learn(c, 2, Draft([5, 5], source="lookup", n_lookup=2, classes=(SHORT, SHORT)), 0, 0.0, 0.02)
+    assert c.lookup.trials == 4                     # its own trial (one miss), nothing more
+    auto._score_unused([1, 2, 3, 7, 8, 4, 6], c)
+    assert c.lookup.trials == 4
