@@ -26,7 +26,7 @@ from localspec.stream import stream_text  # noqa: E402
 from localspec_tui.app import ChatApp  # noqa: E402
 from localspec.decoder import Step  # noqa: E402
 from localspec_tui.chat import Chat, LiveStats  # noqa: E402
-from localspec_tui.widgets import ReplyView  # noqa: E402
+from localspec_tui.reply import ReplyView  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0, seed=1)
 NEAR_TIE = 0.25  # logits; as tests/test_decoding.py allows a verify batch
@@ -59,13 +59,17 @@ async def ready(pilot) -> ChatApp:
     return app
 
 
+def settled(app) -> bool:
+    return all(view.settled for view in app.query(ReplyView))
+
+
 async def send(pilot, text: str) -> None:
-    """Type a message, press Enter and wait until the reply has finished."""
+    """Type a message, press Enter and wait until the reply has finished and is drawn."""
     app = pilot.app
     done_before = app.last_done
     app.query_one("#prompt").value = text
     await pilot.press("enter")
-    await wait_for(pilot, lambda: not app.busy and app.last_done is not done_before)
+    await wait_for(pilot, lambda: not app.busy and app.last_done is not done_before and settled(app))
     await pilot.pause()
 
 
@@ -154,7 +158,7 @@ def test_stop_mid_reply_then_next_reply_matches_a_fresh_session(session):
     run(scenario())
 
 
-def test_keys_toggle_speculation_drafter_temperature_highlight(session):
+def test_keys_toggle_speculation_drafter_temperature_view(session):
     async def scenario():
         app = ChatApp(session, GREEDY, max_tokens=8)
         async with app.run_test(size=(100, 30)) as pilot:
@@ -179,10 +183,14 @@ def test_keys_toggle_speculation_drafter_temperature_highlight(session):
             assert chat.sampling.temperature == 0.3
             await pilot.pause()
             assert "T 0.3" in screen_text(app)
+            assert app.view_mode == "markdown" and "F5 draft tokens" in screen_text(app)
             await pilot.press("f5")
-            assert not app.highlight and all(not v.highlight for v in app.query(ReplyView))
+            await wait_for(pilot, lambda: settled(app))
             await pilot.pause()
-            assert "highlighting off" in screen_text(app)
+            assert app.view_mode == "tokens" and all(v.mode == "tokens" for v in app.query(ReplyView))
+            view = app.query(ReplyView).last()
+            assert view.tokens.display and not view.markdown.display
+            assert "model draft" in screen_text(app) and "F5 Markdown" in screen_text(app)
 
     run(scenario())
 
@@ -199,17 +207,19 @@ def test_reset_clears_the_conversation(session):
             await pilot.pause()
             assert app.chat.history == []
             assert not app.query(ReplyView)
-            assert "conversation cleared" in screen_text(app)
+            assert "new conversation" in screen_text(app)
 
     run(scenario())
 
 
 WIDE_LABELS = ["α (all)", "α (last 32)", "k now", "tokens/s", "plain tok/s", "speedup", "draft eff.", "by position"]
 NARROW_LABELS = ["α ", "α32 ", "k ", "tok/s ", "plain ", "drafted "]
-COMMON_LABELS = ["model draft", "lookup draft", "T 0 · auto · k auto · ready",
-                 "Send", "esc Stop", "f2 Spec on/off", "f3 Drafter", "f4 Temp", "f5 Highlight", "^q Quit"]
+COMMON_LABELS = ["Markdown", "F5 draft tokens", "T 0 · auto · k auto · ready",
+                 "Send", "esc Stop", "f2 Spec on/off", "f3 Drafter", "f4 Temp", "f5 View", "^o Chats", "^q Quit"]
 
 
+# Nothing cut off with the real pair's names and numbers; the pixel-exact comparisons of the screen
+# (scripted, so that every number is fixed) are tests/test_tui_snapshots.py.
 @pytest.mark.parametrize("size", [(100, 30), (80, 24), (200, 50)])
 def test_layout_snapshot(session, size, tmp_path):
     async def scenario():
@@ -228,7 +238,7 @@ def test_layout_snapshot(session, size, tmp_path):
     labels = (WIDE_LABELS if size[0] >= 100 else NARROW_LABELS) + COMMON_LABELS
     missing = [label for label in labels if label not in text]
     assert not missing, f"cut off or missing at {size}: {missing}\n{text}"
-    assert "α" in svg and "speculation" in svg and "lookup draft" in svg
+    assert "α" in svg and "speculation" in svg and "F5 draft tokens" in svg
     assert "localspec" in lines[0] and re.search(r"(CPU|GPU) · 1 thread", lines[0])   # header intact
 
 

@@ -1,13 +1,15 @@
 """The `localspec chat` app: layout, keys, and the two thread workers (loading, generating).
 
 Workers never touch widgets; they post the messages of `tui.messages`, handled here on the UI
-thread. The speculation panel is redrawn by a 4 Hz timer from `Chat.live`, never per token.
+thread. The speculation panel is redrawn by a 4 Hz timer from `Chat.live`, never per token, and a
+reply by its ReplyView at most 20 times a second. The generation worker also saves its turn
+(`tui.saving`): the UI thread never waits for the history file. Slash commands, copying and the
+saved conversations are in `tui.commands`.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from rich.text import Text
 from textual import work
@@ -18,37 +20,21 @@ from textual.widgets import Footer, Label, ProgressBar, Static
 
 from localspec.config import SamplingConfig
 from localspec.engine import gpu_offload_supported
+from localspec.history import Conversation, Store
 from localspec.session import LoadConfig, Session
 
 from .chat import Chat, LiveStats
+from .commands import Commands
 from .messages import Loaded, LoadFailed, LoadProgress, Notice, PromptReady, ReplyChunk, ReplyDone, ReplyFailed
-from .widgets import ChatInput, Legend, MessageRow, NoticeLine, ReplyView, SpecPanel
+from .prompt import ChatInput
+from .reply import ReplyView
+from .saving import Saver, reply_stats, settings_of
+from .widgets import Legend, MessageRow, NoticeLine, SpecPanel, one_line, pair_label, short_name
 
 PANEL_HZ = 4
 
 
-def one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def short_name(path) -> str:
-    return Path(str(path)).name.removesuffix(".gguf") if path else "—"
-
-
-def pair_label(session) -> str:
-    """"target X F32 · draft Q4_1" when both are encodings of one model, else both file names."""
-    target = short_name(session.target.path)
-    if session.draft is None:
-        return f"target {target} · no draft model"
-    draft = short_name(session.draft.path)
-    t_stem, _, t_kind = target.rpartition(".")
-    d_stem, _, d_kind = draft.rpartition(".")
-    if t_stem and t_stem == d_stem:
-        return f"target {t_stem} {t_kind} · draft {d_kind}"
-    return f"target {target} · draft {draft}"
-
-
-class ChatApp(App):
+class ChatApp(Commands, App):
     TITLE = "localspec chat"
     ENABLE_COMMAND_PALETTE = False
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
@@ -57,7 +43,8 @@ class ChatApp(App):
     #top-line { width: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }
     #top-right { width: auto; padding-left: 2; }
     #body { height: 1fr; }
-    #conversation { width: 1fr; height: 1fr; border: round $primary 60%; border-title-color: $text-muted; padding: 0 1; }
+    #conversation { width: 1fr; height: 1fr; border: round $primary 60%; border-title-color: $text-muted;
+                    padding: 0 1; scrollbar-size-vertical: 1; }
     #legend-row { height: 1; padding: 0 1; }
     #legend { width: auto; }
     #status { width: 1fr; padding-left: 2; color: $text-muted; text-align: right; text-wrap: nowrap; text-overflow: ellipsis; }
@@ -65,31 +52,43 @@ class ChatApp(App):
     #loading { height: 3; padding: 1 1 0 1; }
     #loading ProgressBar { width: 24; }
     #loading-text { width: 1fr; color: $text-muted; }
-    #prompt { height: 3; }
     Screen.-narrow #body { layout: vertical; }
     Screen.-narrow #panel { width: 1fr; border: none; border-top: round $primary 60%; padding: 0 1; }
     Screen.-narrow #spec-above, Screen.-narrow #spec-below { display: none; }
     Screen.-narrow #spec-compact { display: block; }
+    Screen.-narrow MessageRow { layout: vertical; }
+    Screen.-narrow MessageRow > .who { width: 1fr; }
     """
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("f2", "toggle_speculation", "Spec on/off"),
         Binding("f3", "cycle_drafter", "Drafter"),
         Binding("f4", "cycle_temperature", "Temp"),
-        Binding("f5", "toggle_highlight", "Highlight"),
+        Binding("f5", "toggle_view", "View"),
+        Binding("ctrl+o", "conversations", "Chats"),
+        # Ctrl+Y is TextArea's redo and Ctrl+B tmux's prefix: copying takes R(eply) and G(rab code)
+        Binding("ctrl+r", "copy_reply", "Copy reply", show=False),
+        Binding("ctrl+g", "copy_code", "Copy code", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
     def __init__(self, source: LoadConfig | Session, sampling: SamplingConfig, *, k: int | None = None,
-                 max_tokens: int = 256, system: str | None = None, warm_start: bool = True) -> None:
-        """`source` is a LoadConfig (loaded here, in a worker) or an already-loaded Session."""
+                 max_tokens: int = 256, system: str | None = None, warm_start: bool = True,
+                 store: Store | None = None, resume: Conversation | None = None,
+                 view_mode: str = "markdown", chat_factory=Chat) -> None:
+        """`source` is a LoadConfig (loaded here, in a worker) or an already-loaded Session.
+        `store`: where conversations are saved (None: not saved); `resume`: a stored conversation
+        to show and continue; `chat_factory(session, **options)` makes the Chat (tests script one)."""
         super().__init__()
         self.source = source
         self.options = dict(sampling=sampling, k=k, max_tokens=max_tokens, system=system, warm_start=warm_start)
+        self.chat_factory = chat_factory
+        self.saver = Saver(store)
+        self.resume = resume
         self.session: Session | None = None
         self.chat: Chat | None = None
         self.busy = False
-        self.highlight = True
+        self.view_mode = view_mode
         self.turn = 0
         self.reply_view: ReplyView | None = None
         self._turn_info = ""
@@ -115,21 +114,34 @@ class ChatApp(App):
         with Horizontal(id="loading"):
             yield ProgressBar(total=None, show_eta=False, show_percentage=False)
             yield Label("loading models…", id="loading-text")
-        yield ChatInput(placeholder="Message · Enter sends · /reset clears", id="prompt", disabled=True)
+        self.prompt_box = ChatInput(placeholder="Message · Enter sends · Ctrl+J newline · /help",
+                                    id="prompt", disabled=True)
+        yield self.prompt_box
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
         conversation = self.query_one("#conversation", VerticalScroll)
         conversation.border_title = "conversation"
         conversation.anchor()
-        self.query_one("#prompt").display = False
-        self.query_one(Legend).show(self.highlight)
+        self.prompt_box.display = False
+        self.query_one(Legend).show(self.view_mode)
         self.set_interval(1 / PANEL_HZ, self.refresh_panel)
         self.refresh_panel()
+        if self.resume is not None:   # shown while the models load
+            self.show_conversation(self.resume)
+        notice = self.saver.take_notice()
+        if notice:   # the store could not be opened: the chat goes on, unsaved
+            self.add_notice(notice, "warning")
+        if self.saver.enabled:
+            self.load_prompt_history()
         if isinstance(self.source, LoadConfig):
             self.load_models(self.source)
         else:
             self.post_message(Loaded(self.source))
+
+    def on_unmount(self) -> None:
+        if self.chat is not None:   # however the app ends, a reply stops after its current pass
+            self.chat.stop.set()
 
     # ---- workers (thread) ----------------------------------------------------------------------
     @work(thread=True, group="load")
@@ -151,13 +163,32 @@ class ChatApp(App):
         except Exception as e:
             self.post_message(ReplyFailed(turn, one_line(e)))
             return
+        saver, sampling, k = self.saver, chat.sampling, chat.k
+        user_msg = saver.add_user(text, settings_of(chat), chat.system)
+        writer = saver.start_reply()
+        self.post_saver_notice()
         self.post_message(PromptReady(turn, prepared.dropped, len(prepared.prompt), prepared.cached))
+
+        def on_chunk(chunk) -> None:
+            self.post_message(ReplyChunk(turn, chunk.pieces))
+            if writer is not None:
+                writer.append(chunk.text)   # written at most every few seconds (history.FLUSH_SECONDS)
+
         try:
-            reply = chat.reply(prepared, lambda c: self.post_message(ReplyChunk(turn, c.pieces)))
+            reply = chat.reply(prepared, on_chunk)
         except Exception as e:
+            saver.take_back(user_msg, writer)
             self.post_message(ReplyFailed(turn, one_line(e)))
             return
-        self.post_message(ReplyDone(turn, reply.finish, reply.n_tokens, reply.seconds, reply.alpha))
+        if writer is not None:   # stopped by Esc or by quitting: kept, marked partial
+            writer.finish(reply_stats(reply, chat, sampling, k), partial=reply.finish == "stopped")
+        self.post_saver_notice()
+        self.post_message(ReplyDone(turn, reply.finish, reply.n_tokens, reply.seconds, reply.alpha, reply.n_steps))
+
+    def post_saver_notice(self) -> None:
+        notice = self.saver.take_notice()
+        if notice:
+            self.post_message(Notice(notice, "warning"))
 
     # ---- worker messages -----------------------------------------------------------------------
     def on_load_progress(self, message: LoadProgress) -> None:
@@ -171,9 +202,11 @@ class ChatApp(App):
 
     def on_loaded(self, message: Loaded) -> None:
         session = self.session = message.session
-        self.chat = Chat(session, **self.options)
+        self.chat = self.chat_factory(session, **self.options)
+        if self.resume is not None:
+            self.continue_conversation(self.resume)
         self.query_one("#loading").display = False
-        prompt = self.query_one("#prompt", ChatInput)
+        prompt = self.prompt_box
         prompt.display, prompt.disabled = True, False
         prompt.focus()
         target = session.target
@@ -203,8 +236,11 @@ class ChatApp(App):
                "context": " · context full"}.get(message.finish, "")
         tps = message.n_tokens / message.seconds if message.seconds > 0 else 0.0
         alpha = "" if message.alpha is None else f" · α {message.alpha:.2f}"
+        per_pass = f" · {message.n_tokens / message.n_steps:.2f} tok/pass" if message.n_steps else ""
         if self.reply_view is not None:
-            self.reply_view.set_note(f"{message.n_tokens} tokens · {tps:.1f} tok/s{alpha}{why} · {self._turn_info}")
+            self.reply_view.finish()
+            self.reply_view.set_note(f"{message.n_tokens} tokens · {tps:.1f} tok/s{alpha}{per_pass}{why} · "
+                                     f"{self._turn_info}")
         if message.finish == "context":
             self.add_notice("the context is full; /reset starts over (or restart with a larger --n-ctx)", "warning")
         self.end_turn()
@@ -218,25 +254,23 @@ class ChatApp(App):
     def on_notice(self, message: Notice) -> None:
         self.add_notice(message.text, message.kind)
 
-    def on_input_submitted(self, event: ChatInput.Submitted) -> None:
-        text = event.value.strip()
+    def on_chat_input_submitted(self, event: ChatInput.Submitted) -> None:
+        text = event.value.rstrip().lstrip("\n")   # a first line's indent is the user's
         if not text or self.chat is None:
             return
-        if text == "/reset":
+        if self.run_command(text):
+            event.input.remember(text)
             event.input.value = ""
-            self.reset_conversation()
-            return
-        if text.startswith("/") and " " not in text:
-            self.add_notice(f"unknown command {text}; /reset clears the conversation", "warning")
             return
         if self.busy:
             self.notify("a reply is still running; Esc stops it", timeout=3)
             return
+        event.input.remember(text)
         event.input.value = ""
         self.turn += 1
         self._turn_info = ""
         self.add_row(MessageRow("you", Static(Text(text)), user=True))   # Text: no markup parsing
-        self.reply_view = ReplyView(self.highlight)
+        self.reply_view = ReplyView(self.view_mode)
         self.add_row(MessageRow(self.assistant_label(), self.reply_view))
         self.busy = True
         self.chat.stop.clear()
@@ -264,11 +298,11 @@ class ChatApp(App):
             self.chat.cycle_temperature()
             self.settings_changed()
 
-    def action_toggle_highlight(self) -> None:
-        self.highlight = not self.highlight
+    def action_toggle_view(self) -> None:
+        self.view_mode = "tokens" if self.view_mode == "markdown" else "markdown"
         for view in self.query(ReplyView):
-            view.set_highlight(self.highlight)
-        self.query_one(Legend).show(self.highlight)
+            view.set_mode(self.view_mode)
+        self.query_one(Legend).show(self.view_mode)
 
     async def action_quit(self) -> None:
         if self.chat is not None:
@@ -296,9 +330,13 @@ class ChatApp(App):
             self.action_stop()
             return
         self._pending_reset = False
-        self.chat.reset()
+        self.resume = None
+        self.saver.conv = None   # the next message starts a new saved conversation
+        if self.chat is not None:
+            self.chat.reset()
+            self.chat.system = self.options["system"]
         self.query_one("#conversation").remove_children()
-        self.add_notice("conversation cleared")
+        self.add_notice("new conversation")
 
     def add_row(self, widget) -> None:
         self.query_one("#conversation", VerticalScroll).mount(widget)

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -107,6 +107,10 @@ class Reply:
     seconds: float
     alpha: float | None
     """Accepted / tested draft positions over the reply (None when nothing was drafted)."""
+    n_steps: int = 0
+    """Target passes (one per chunk)."""
+    drafter: str = "none"
+    """The drafter the reply was generated with (settings changed meanwhile apply to the next)."""
 
 
 class Chat:
@@ -114,8 +118,9 @@ class Chat:
 
     def __init__(self, session, sampling: SamplingConfig, k: int | None = None,
                  max_tokens: int = 256, system: str | None = None, k_max: int = 12,
-                 warm_start: bool = True) -> None:
+                 warm_start: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         self.session = session
+        self.clock = clock   # a test's scripted chat gives a fake one, so its numbers are fixed
         self.warm_start = warm_start
         self.sampling = sampling
         self.k = k
@@ -191,12 +196,13 @@ class Chat:
         controller = self._controller(kind, drafter)
         decode = DecodeConfig(max_tokens=self.max_tokens, k=self.k, k_max=self.k_max)
         parts: list[str] = []
-        n_tokens = n_tested = n_accepted = 0
+        n_tokens = n_tested = n_accepted = n_steps = 0
         finish = "stop"
-        start = time.perf_counter()
-        stream = stream_text(self.session.target, drafter, turn.prompt, sampling, decode, controller, self.rng)
+        start = self.clock()
+        stream = self._stream(drafter, turn.prompt, sampling, decode, controller)
         try:
             for chunk in stream:
+                n_steps += 1
                 self.live.add(chunk.step)
                 parts.append(chunk.text)
                 n_tokens += len(chunk.tokens)
@@ -218,8 +224,12 @@ class Chat:
         self.history.append({"role": "assistant", "content": "".join(parts)})
         if self.warm_start and drafter is not None:   # what this turn taught, for the next session
             warmstart.save(controller, self.session, kind, sampling.temperature)
-        return Reply(finish, n_tokens, time.perf_counter() - start,
-                     n_accepted / n_tested if n_tested else None)
+        return Reply(finish, n_tokens, self.clock() - start,
+                     n_accepted / n_tested if n_tested else None, n_steps, kind)
+
+    def _stream(self, drafter, prompt, sampling, decode, controller) -> Iterator[Chunk]:
+        """The chunks of one reply; a test's scripted chat replaces this (and nothing else of `reply`)."""
+        return stream_text(self.session.target, drafter, prompt, sampling, decode, controller, self.rng)
 
     def _drafter(self, kind: str):
         if kind == "none":

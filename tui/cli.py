@@ -20,8 +20,15 @@ def chat(
     max_tokens: o.MaxTokens = 256,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     no_warm_start: o.NoWarmStart = False,
+    no_save: bool = typer.Option(False, "--no-save", help="Do not save this conversation (see `localspec history`)."),
+    # A flag and an argument, not an option with an optional value (which this Typer cannot
+    # declare): `--resume` alone is the last conversation, `--resume 3` conversation 3.
+    resume: bool = typer.Option(False, "--resume", help="Continue a saved conversation: the last one, or ID."),
+    conv_id: Optional[str] = typer.Argument(None, metavar="ID", show_default=False,
+                                            help="With --resume: a conversation id from `localspec history`."),
 ) -> None:
-    """Chat in the terminal, watching speculation work: α, k, tokens/s and which words the draft wrote."""
+    """Chat in the terminal, watching speculation work: α, k, tokens/s and which words the draft wrote.
+    Conversations are saved (`localspec history` lists them; Ctrl+O in the chat)."""
     from localspec.config import ConfigError, DecodeConfig
     from localspec.engine import EngineError
 
@@ -30,16 +37,22 @@ def chat(
 
     from localspec.session import resolve_files
 
+    store = None
     try:
         opts = o.resolve(options, k=k)
         DecodeConfig(max_tokens=max_tokens, k=opts.k)   # validates max-tokens and -k now, in one line
         system = None if system is None else o.utf8(system, "--system")
+        if conv_id is not None and not resume:
+            raise ConfigError(f"unexpected argument {conv_id!r} (to continue a conversation: --resume {conv_id})")
+        store, conversation = open_history(no_save, (conv_id or "last") if resume else None)
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise ConfigError("chat needs a terminal (stdin or stdout is not one); "
                               "use `localspec generate` in scripts and pipes")
         # Missing or broken model files are reported here, in the shell, as `generate` does.
         opts = replace(opts, load=resolve_files(opts.load, lambda m: typer.echo(m, err=True)))
     except (ConfigError, EngineError) as e:
+        if store is not None:
+            store.close()
         o.fail(e)
     if options["threads"] is None:
         # The screen needs a core too: llama.cpp's threads spin-wait for each other, and one of them
@@ -51,9 +64,58 @@ def chat(
     from .app import ChatApp   # Textual is imported only when the chat really starts
 
     app = ChatApp(opts.load, opts.sampling, k=opts.k, max_tokens=max_tokens, system=system,
-                  warm_start=not no_warm_start)
-    app.run()
+                  warm_start=not no_warm_start, store=store, resume=conversation)
+    try:
+        app.run()
+    finally:
+        if store is not None:
+            store.close()   # the reply thread has ended (App.run waits for its workers): all written
     if app.session is not None:
-        app.session.close()   # the reply thread has ended: App.run waits for its workers
+        app.session.close()
     if app.load_error:
         o.fail(app.load_error)  # the screen is gone; say why once more, and exit 2 like `generate`
+
+
+def open_history(no_save: bool, resume: str | None):
+    """(store to save into or None, the conversation to resume or None). A bad --resume is a
+    ConfigError, reported before the screen opens; a store that cannot be used only turns saving
+    off (the chat says so), unless --resume needs it."""
+    from localspec.config import ConfigError
+    from localspec.history import default_path, open_store
+
+    if no_save and resume is None:
+        return None, None   # the history file is not even opened
+    if resume is not None and not default_path().exists():   # reading must not create the file
+        raise ConfigError(f"no saved conversation to resume ({default_path()} does not exist yet)")
+    store = open_store()
+    try:
+        conversation = _find(store, resume)
+    except ConfigError:
+        store.close()
+        raise
+    if no_save:
+        store.close()
+        store = None
+    return store, conversation
+
+
+def _find(store, resume: str | None):
+    from localspec.config import ConfigError
+
+    conversation = None
+    if resume is not None:
+        if store.disabled:
+            raise ConfigError(f"cannot resume: {store.notice}")
+        if resume == "last":
+            conv_id = store.last_id()
+            if conv_id is None:
+                raise ConfigError("no saved conversation to resume (see `localspec history`)")
+        else:
+            try:
+                conv_id = int(resume)
+            except ValueError:
+                raise ConfigError(f"--resume takes a conversation id from `localspec history`, got {resume!r}") from None
+        conversation = store.get(conv_id)
+        if conversation is None:
+            raise ConfigError(f"no conversation {conv_id} to resume (see `localspec history`)")
+    return conversation

@@ -61,6 +61,8 @@ class ReplyDone(Message):
     seconds: float
     alpha: float | None
     """Accepted / tested draft positions over the reply (localspec.stats); None without drafts."""
+    n_steps: int = 0
+    """Target passes."""
 
 
 @dataclass
@@ -77,3 +79,17 @@ class Notice(Message):
 
     text: str
     kind: str = "info"
+
+
+@dataclass
+class Opened(Message):
+    """A stored conversation, read by a worker, to show and continue (a localspec.history.Conversation)."""
+
+    conversation: Any
+
+
+@dataclass
+class PromptHistory(Message):
+    """User messages of recent stored conversations, oldest first, for Up/Down in the prompt."""
+
+    prompts: list

@@ -1,18 +1,40 @@
-"""Widgets of the chat screen: the speculation panel, the token view of a reply, notices, legend."""
+"""Widgets of the chat screen: the speculation panel, message rows, notices, the legend.
+(A reply's own view is `tui.reply`, the message box `tui.prompt`.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Input, Label, Sparkline, Static
+from textual.widgets import Label, Sparkline, Static
 
-DRAFT_STYLE = "bold #5fd7ff"     # accepted tokens of the draft model; the target's own stay plain
-LOOKUP_STYLE = "bold #ffaf5f"    # accepted tokens of prompt lookup
-STYLES = {"model": DRAFT_STYLE, "lookup": LOOKUP_STYLE}
+from .reply import DRAFT_STYLE, LOOKUP_STYLE
+
 BARS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 13
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def short_name(path) -> str:
+    return Path(str(path)).name.removesuffix(".gguf") if path else "—"
+
+
+def pair_label(session) -> str:
+    """"target X F32 · draft Q4_1" when both are encodings of one model, else both file names."""
+    target = short_name(session.target.path)
+    if session.draft is None:
+        return f"target {target} · no draft model"
+    draft = short_name(session.draft.path)
+    t_stem, _, t_kind = target.rpartition(".")
+    d_stem, _, d_kind = draft.rpartition(".")
+    if t_stem and t_stem == d_stem:
+        return f"target {t_stem} {t_kind} · draft {d_kind}"
+    return f"target {target} · draft {draft}"
 
 
 def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -131,51 +153,16 @@ class SpecPanel(Vertical):
             self.spark.data = view["spark"]
 
 
-class ReplyView(Static):
-    """An assistant reply: accepted draft tokens styled apart from the target's own tokens."""
-
-    def __init__(self, highlight: bool = True, **kwargs) -> None:
-        super().__init__(Text("…", style="dim"), **kwargs)
-        self.pieces: list[tuple[str, str]] = []
-        self.highlight = highlight
-        self.note = ""
-
-    def add(self, pieces) -> None:
-        self.pieces.extend(pieces)
-        self.redraw()
-
-    def set_highlight(self, on: bool) -> None:
-        self.highlight = on
-        self.redraw()
-
-    def set_note(self, note: str) -> None:
-        self.note = note
-        self.redraw()
-
-    @property
-    def text(self) -> str:
-        return "".join(t for t, _ in self.pieces)
-
-    def redraw(self) -> None:
-        text = Text()
-        for piece, kind in self.pieces:
-            text.append(piece, style=STYLES.get(kind, "") if self.highlight else "")
-        if not self.pieces:
-            text.append("…", style="dim")
-        if self.note:
-            text.append(f"\n{self.note}", style="dim italic")
-        self.update(text)
-
-
 class MessageRow(Horizontal):
-    """A speaker label and the message beside it."""
+    """A speaker label and the message: beside it on wide screens, above it on narrow ones, where
+    a 7-column gutter would cost a tenth of the width on every line."""
 
     DEFAULT_CSS = """
     MessageRow { height: auto; margin-bottom: 1; }
     MessageRow > .who { width: 7; color: $text-muted; text-style: bold; }
     MessageRow > .who-user { color: $success; }
-    MessageRow > .body { width: 1fr; }
-    """
+    MessageRow > .body { width: 1fr; height: auto; }
+    """   # the narrow form is in ChatApp.CSS: a widget's own CSS only sees inside the widget
 
     def __init__(self, who: str, body: Static, user: bool = False) -> None:
         super().__init__()
@@ -199,22 +186,20 @@ class NoticeLine(Static):
     def __init__(self, text: str, kind: str = "info") -> None:
         mark = "⚠ " if kind == "warning" else "· "
         super().__init__(Text(mark + text), classes=kind)
+        self.text = text
 
 
 class Legend(Static):
-    def show(self, highlight: bool) -> None:
+    """What the replies show now, and that F5 switches."""
+
+    def show(self, mode: str) -> None:
         text = Text()
-        if highlight:
+        if mode == "tokens":
             text.append("model draft", style=DRAFT_STYLE)
             text.append("  lookup draft", style=LOOKUP_STYLE)
             text.append("  target", style="")
-            text.append("  F5", style="dim")
+            text.append("  F5 Markdown", style="dim")
         else:
-            text.append("highlighting off  F5", style="dim")
+            text.append("Markdown", style="")
+            text.append("  F5 draft tokens", style="dim")
         self.update(text)
-
-
-class ChatInput(Input):
-    """The prompt line; Enter is shown in the footer as "Send"."""
-
-    BINDINGS = [Binding("enter", "submit", "Send", show=True)]

@@ -1,0 +1,126 @@
+"""The chat's side of saved conversations (localspec.history): what is stored, and when.
+
+Every method here touches the SQLite file, so the app calls them on worker threads only: the
+generation worker saves its own turn (the user's message, then the reply through a ReplyWriter),
+and short thread workers list, open, delete and export. The store serialises them under its lock.
+Saving never stops the chat: a store that fails turns itself off, and its one-line notice is shown
+once (`take_notice`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from localspec import export
+from localspec.history import Conversation, Message, ReplyWriter, Store, make_title
+
+RECENT_CONVERSATIONS = 20   # whose user messages Up/Down recall, besides this session's
+
+
+def settings_of(chat) -> dict:
+    """What a new conversation records: the model pair and the settings it started with."""
+    session, sampling = chat.session, chat.sampling
+    return {"target": str(session.target.path),
+            "draft": None if session.draft is None else str(session.draft.path),
+            "drafter": chat.drafter_kind, "k": "auto" if chat.k is None else chat.k,
+            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "seed": sampling.seed, "max_tokens": chat.max_tokens}
+
+
+def reply_stats(reply, chat, sampling, k) -> dict:
+    """A finished reply's numbers, in the keys `localspec.export.stats_line` reads (the rest is kept
+    for JSON readers): tokens, α, tokens per target pass, tokens/s, k, drafter, sampling, models."""
+    session = chat.session
+    return {"n_tokens": reply.n_tokens, "alpha": reply.alpha,
+            "tokens_per_step": reply.n_tokens / reply.n_steps if reply.n_steps else None,
+            "tokens_per_second": reply.n_tokens / reply.seconds if reply.seconds > 0 else None,
+            "seconds": round(reply.seconds, 3), "finish": reply.finish,
+            "k": "auto" if k is None else k, "drafter": reply.drafter,
+            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "seed": sampling.seed,
+            "target": str(session.target.path),
+            "draft": None if session.draft is None else str(session.draft.path)}
+
+
+class Saver:
+    """The open conversation in the store. `store` None: saving is off (`--no-save`)."""
+
+    def __init__(self, store: Store | None, conv: int | None = None) -> None:
+        self.store = store
+        self.conv = conv
+        """The stored conversation new turns go to; None until the first message (or after /reset)."""
+        self._shown: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None and not self.store.disabled
+
+    def take_notice(self) -> str | None:
+        """The store's notice if it has not been shown yet (each one once)."""
+        notice = None if self.store is None else self.store.notice
+        with self._lock:
+            if notice is None or notice == self._shown:
+                return None
+            self._shown = notice
+        return notice
+
+    # ---- one turn (the generation worker) ----------------------------------------------------
+    def add_user(self, text: str, settings: dict, system: str | None) -> int | None:
+        """Store the user's message, starting the conversation on its first one."""
+        if self.store is None:
+            return None
+        if self.conv is None:
+            self.conv = self.store.new_conversation(settings, system)
+        return self.store.add_message(self.conv, "user", text)
+
+    def start_reply(self) -> ReplyWriter | None:
+        return None if self.store is None or self.conv is None else self.store.start_reply(self.conv)
+
+    def take_back(self, user_msg: int | None, writer: ReplyWriter | None) -> None:
+        """The turn failed and the chat forgot it: so does the store."""
+        if writer is not None:
+            writer.discard()
+        if self.store is not None:
+            self.store.delete_message(user_msg)
+
+    # ---- the conversation list, resuming, exporting (short workers) --------------------------
+    def list(self, limit: int = 200):
+        return [] if self.store is None else self.store.list_conversations(limit)
+
+    def get(self, conv: int) -> Conversation | None:
+        return None if self.store is None else self.store.get(conv)
+
+    def delete(self, conv: int) -> bool:
+        return self.store is not None and self.store.delete(conv)
+
+    def recent_prompts(self, limit: int = RECENT_CONVERSATIONS) -> list[str]:
+        """User messages of the most recent conversations, oldest first."""
+        prompts: list[str] = []
+        for summary in reversed(self.list(limit)):
+            conv = self.get(summary.id)
+            if conv is not None:
+                prompts += [m.content for m in conv.messages if m.role == "user"]
+        return prompts
+
+    def conversation(self, history: list[dict], settings: dict, system: str | None) -> Conversation:
+        """The open conversation as stored, or (not saved: `--no-save`, or saving failed) built
+        from the chat's own history, without the numbers of its replies."""
+        stored = self.get(self.conv) if self.conv is not None and self.enabled else None
+        if stored is not None:
+            return stored
+        now = time.time()
+        messages = tuple(Message(i, i, m["role"], m["content"], False, now, now, None)
+                         for i, m in enumerate(history))
+        first = next((m["content"] for m in history if m["role"] == "user"), "")
+        return Conversation(0, make_title(first), now, now, settings, system, messages)
+
+
+def write_export(conv: Conversation, fmt: str, path: str) -> str:
+    """Write `conv` as Markdown or JSON; the notice line to show. Raises OSError."""
+    text = export.to_json(conv) if fmt == "json" else export.to_markdown(conv)
+    target = Path(path).expanduser()
+    target.write_text(text, encoding="utf-8")
+    return f"wrote {len(conv.messages)} messages as {'JSON' if fmt == 'json' else 'Markdown'} to {target}"
