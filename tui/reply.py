@@ -7,7 +7,7 @@ visible form catches up at most every FLUSH_SECONDS, with the new text only:
 - tokens: only the lines after the last frozen block live in a Static that is updated; once it
   holds BLOCK_LINES lines they move into a Static of their own that never changes again.
 So a flush costs the new text plus the block being written (a paragraph, a code block) — never the
-whole reply. The hidden form is not kept up to date while it is hidden: F5 catches it up once,
+whole reply — and a costly flush (a long block) delays the next one in proportion (UI_SHARE). The hidden form is not kept up to date while it is hidden: F5 catches it up once,
 from where it stopped.
 """
 
@@ -26,6 +26,7 @@ LOOKUP_STYLE = "bold #ffaf5f"    # accepted tokens of prompt lookup
 STYLES = {"model": DRAFT_STYLE, "lookup": LOOKUP_STYLE}
 MODES = ("markdown", "tokens")
 FLUSH_SECONDS = 0.05
+UI_SHARE = 0.2   # a flush that took t seconds is followed by at least t / UI_SHARE without one
 BLOCK_LINES = 8
 
 
@@ -112,6 +113,7 @@ class ReplyView(Vertical):
         self._flushing = False
         self._mounted = False
         self._last = 0.0
+        self._gap = FLUSH_SECONDS
 
     def compose(self) -> ComposeResult:
         yield self.markdown
@@ -167,7 +169,7 @@ class ReplyView(Vertical):
             if not now or self._timer is True:
                 return   # a flush is coming; it takes this chunk too
             self._timer.stop()
-        delay = 0.0 if now else self._last + FLUSH_SECONDS - time.monotonic()
+        delay = 0.0 if now else self._last + self._gap - time.monotonic()
         if delay > 0:   # (a timer of 0 seconds never fires)
             self._timer = self.set_timer(delay, self._due)
         else:
@@ -184,6 +186,7 @@ class ReplyView(Vertical):
         if self._flushing:
             return
         self._flushing = True
+        began = time.monotonic()
         try:
             mode = self.mode
             start, end = self._drawn[mode], len(self.pieces)
@@ -197,5 +200,9 @@ class ReplyView(Vertical):
         finally:
             self._flushing = False
             self._last = time.monotonic()
+            # One block can grow long (a paragraph without breaks, a long code block) and Markdown
+            # parses and renders it whole at each flush: spacing flushes by their cost keeps the UI
+            # thread to a fifth of the time, so it cannot starve the reply's worker of the GIL.
+            self._gap = max(FLUSH_SECONDS, (self._last - began) / UI_SHARE)
         self._show()
         self._schedule()   # what came in while Markdown was parsing
