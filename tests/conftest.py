@@ -87,3 +87,22 @@ def pytest_terminal_summary(terminalreporter):
             f"near-tie report (Q4_1 target, {row['drafter']} drafter): {row['diverged_at_near_tie']} of "
             f"{row['prompts']} prompts × {row['tokens']} tokens diverged from plain greedy, all at near-ties"
         )
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    """Where this test's conversation history lives ($LOCALSPEC_HISTORY points there)."""
+    path = tmp_path / "data" / "history.sqlite3"
+    monkeypatch.setenv("LOCALSPEC_HISTORY", str(path))
+    return path
+
+
+@pytest.fixture
+def store(db):
+    """An open history store at `db`."""
+    from localspec.history import open_store
+
+    s = open_store(db)
+    assert not s.disabled, s.notice
+    yield s
+    s.close()

@@ -33,21 +33,6 @@ class Clock:
         return self.t
 
 
-@pytest.fixture
-def db(tmp_path, monkeypatch):
-    path = tmp_path / "data" / "history.sqlite3"
-    monkeypatch.setenv("LOCALSPEC_HISTORY", str(path))
-    return path
-
-
-@pytest.fixture
-def store(db):
-    s = open_store(db)
-    assert not s.disabled, s.notice
-    yield s
-    s.close()
-
-
 def raw(path: Path, sql: str, *args) -> list[tuple]:
     """Read the file as another process would: a connection of its own."""
     c = sqlite3.connect(path)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import io
 import re
 import time
 
@@ -16,8 +15,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("textual")
-
-from rich.console import Console  # noqa: E402
 
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig  # noqa: E402
 from localspec.prefix import common_prefix  # noqa: E402
@@ -27,6 +24,7 @@ from localspec_tui.app import ChatApp  # noqa: E402
 from localspec.decoder import Step  # noqa: E402
 from localspec_tui.chat import Chat, LiveStats  # noqa: E402
 from localspec_tui.reply import ReplyView  # noqa: E402
+from tests.test_tui_support import screen_text  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0, seed=1)
 NEAR_TIE = 0.25  # logits; as tests/test_decoding.py allows a verify batch
@@ -71,15 +69,6 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
     await wait_for(pilot, lambda: not app.busy and app.last_done is not done_before and settled(app))
     await pilot.pause()
-
-
-def screen_text(app) -> str:
-    """The screen as plain text: what export_screenshot() renders, exported as text not SVG."""
-    width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
-                      color_system="truecolor", record=True, legacy_windows=False, safe_box=False)
-    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
-    return console.export_text()
 
 
 def test_reply_appears_panel_shows_alpha_and_kv_is_reused(session):

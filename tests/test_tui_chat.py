@@ -26,21 +26,6 @@ from localspec_tui.conversations import ConversationList  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def db(tmp_path, monkeypatch):
-    path = tmp_path / "data" / "history.sqlite3"
-    monkeypatch.setenv("LOCALSPEC_HISTORY", str(path))
-    return path
-
-
-@pytest.fixture
-def store(db):
-    s = open_store(db)
-    assert not s.disabled, s.notice
-    yield s
-    s.close()
-
-
 def expected_stats(text: str) -> dict:
     chunks = script(text)
     tested = sum(positions_tested(c.step.n_drafted, c.step.n_accepted) for c in chunks)
