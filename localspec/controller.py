@@ -177,7 +177,7 @@ class KController:
             k = 0                       # nothing to draft: a plain step, not a decision
         elif self._draft_steps < 2:     # measure t_draft, alpha and one verify size first;
             k = min(START_K, cap)       # twice, as a first timing is often cold
-        elif 1 not in self._verify or 1 in self._prior or self._since_plain >= REFRESH_PLAIN:
+        elif self.plain_due():
             k = 0                       # plain cost unknown or stale (the context grows, the
                                         # machine's speed drifts; a warm start's is from then)
         elif self._hold > 0:

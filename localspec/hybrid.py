@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .controller import ALPHA_PRIOR
 from .drafters import (LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup, best_lookup,
                        catchup_seconds, lookup_expectation)
 from .prefix import common_prefix
@@ -51,7 +52,7 @@ def choose(controller, candidate: Sequence[int], classes: Sequence[int], lag: in
         # k tokens whatever: each of the first positions goes to lookup while its token is more
         # likely accepted than the model's (by what each has earned), the rest to the model.
         k = k_model
-        alpha = controller.alpha if controller.alpha is not None else 0.7
+        alpha = controller.alpha if controller.alpha is not None else ALPHA_PRIOR
         m = 0
         for rate in controller.lookup.rates(classes[:min(n, k)], optimism=LOOKUP_OPTIMISM):
             if rate < alpha:
