@@ -29,6 +29,10 @@ class GGUFFormatError(ValueError):
     """The header cannot be read; the message says where and why."""
 
 
+class TruncatedHeader(GGUFFormatError):
+    """The file ends inside its header; the message says so in full."""
+
+
 @dataclass(frozen=True)
 class GGUFInfo:
     version: int
@@ -50,9 +54,20 @@ def read_info(path: str | Path) -> GGUFInfo:
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         if size < 24:
-            raise GGUFFormatError(f"only {size} bytes, shorter than a GGUF header")
+            f.seek(0)
+            if f.read(4) != b"GGUF":
+                raise GGUFFormatError("no GGUF magic")
+            raise _truncated(size, "first 24 bytes")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse(buf, size)
+
+
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def _truncated(size: int, part: str) -> TruncatedHeader:
+    return TruncatedHeader(f"truncated GGUF header: the file ends at byte {size:,}, inside its {part} "
+                           "(an interrupted download or copy?)")
 
 
 def _parse(buf, size: int) -> GGUFInfo:
@@ -65,6 +80,7 @@ def _parse(buf, size: int) -> GGUFInfo:
         raise GGUFFormatError(f"implausible header: {n_kv} metadata keys, {n_tensors} tensors")
     pos = 24
     alignment = 32
+    part = "metadata"
     try:
         for _ in range(n_kv):
             key, pos = _string(buf, pos)
@@ -74,9 +90,12 @@ def _parse(buf, size: int) -> GGUFInfo:
             if key == b"general.alignment" and kind == 4:
                 (alignment,) = struct.unpack_from("<I", buf, value_at)
         n_elements, ends, known = 0, [], True
+        part = "list of tensors"
         for _ in range(n_tensors):
             _, pos = _string(buf, pos)
             (n_dims,) = struct.unpack_from("<I", buf, pos)
+            if n_dims > _MAX_DIMS:
+                raise GGUFFormatError(f"a tensor at byte {pos} claims {n_dims} dimensions (ggml has at most {_MAX_DIMS})")
             dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
             kind, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
             pos += 4 + 8 * n_dims + 12
@@ -89,17 +108,25 @@ def _parse(buf, size: int) -> GGUFInfo:
                 ends.append(offset + count // per * nbytes)
             else:
                 known = False
-    except (struct.error, IndexError, UnicodeDecodeError, MemoryError) as e:
-        raise GGUFFormatError(f"header ends early or is corrupt near byte {pos} ({e})") from None
+    except (struct.error, _PastTheEnd):  # a read ran past the end of the file
+        raise _truncated(size, part) from None
+    if pos > size:
+        raise _truncated(size, part)
     data_start = -(-pos // alignment) * alignment
     data_end = data_start + max(ends, default=0) if known else None
     return GGUFInfo(version, n_tensors, n_elements, data_end, size)
+
+
+class _PastTheEnd(Exception):
+    """A value that runs past the end of the file."""
 
 
 def _string(buf, pos: int) -> tuple[bytes, int]:
     (n,) = struct.unpack_from("<Q", buf, pos)
     if n > len(buf):
         raise GGUFFormatError(f"a string at byte {pos} claims {n} bytes")
+    if pos + 8 + n > len(buf):
+        raise _PastTheEnd
     return bytes(buf[pos + 8: pos + 8 + n]), pos + 8 + n
 
 
@@ -112,13 +139,15 @@ def _skip(buf, pos: int, kind: int) -> int:
         item, n = struct.unpack_from("<IQ", buf, pos)
         pos += 12
         if item in _SCALAR:
+            if n * _SCALAR[item] > len(buf):
+                raise GGUFFormatError(f"an array at byte {pos - 12} claims {n} values")
             return pos + n * _SCALAR[item]
         if item == _STRING:
             unpack = struct.Struct("<Q").unpack_from
             for _ in range(n):  # a tokenizer's vocabulary: 262k strings take ~0.1 s
                 pos += 8 + unpack(buf, pos)[0]
             if pos > len(buf):
-                raise GGUFFormatError("a string array runs past the end of the file")
+                raise _PastTheEnd
             return pos
         raise GGUFFormatError(f"array of unknown GGUF type {item} at byte {pos}")
     raise GGUFFormatError(f"unknown GGUF value type {kind} at byte {pos}")

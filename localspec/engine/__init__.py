@@ -12,9 +12,8 @@ import ctypes
 import os
 import threading
 from collections import deque
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -23,7 +22,7 @@ import llama_cpp as C
 from ..config import ModelConfig
 from ..machine import usable_cpus
 from ..prefix import common_prefix
-from . import interrupt
+from . import chat, interrupt
 from .files import EngineError, check_gguf, load_failure
 
 
@@ -50,7 +49,9 @@ def _load_progress(progress, user_data):  # noqa: ARG001
     return not interrupt.requested()  # false stops the load
 
 
-_ABORTABLE = 64  # evals of more tokens than this (prefill) can be stopped midway
+_LONG_EVAL = 64  # evals of more tokens than this (prefill) also stop when `Model.abort_when` is set
+# Every other decode's (a step's) abort check: C reading one byte (`interrupt.ABORT_CHECK`).
+_ABORT_CHECK = (C.ggml_abort_callback(interrupt.ABORT_CHECK[0]), interrupt.ABORT_CHECK[1])
 
 
 _backend_ready = False
@@ -123,7 +124,8 @@ def library_version() -> str:
 
 
 class Cancelled(EngineError):
-    """A decode stopped because `Model.abort_when` was set."""
+    """A decode stopped midway: `Model.abort_when` was set, or, off the main thread, an interrupt
+    was requested (on the main thread that ends as KeyboardInterrupt)."""
 
 
 class Model:
@@ -169,8 +171,9 @@ class Model:
         if not self._ctx:
             C.llama_model_free(self._model)
             raise EngineError(f"could not create a context of {cfg.n_ctx} tokens for {self.path}")
-        # llama.cpp rounds n_ctx up (to 256) and caps n_batch at it; use what it actually made.
-        self.n_ctx = C.llama_n_ctx(self._ctx)
+        # llama.cpp pads the context it allocates (to 256 tokens); the context is still the size
+        # asked for: every length check reads n_ctx, and the padding stays unused.
+        self.n_ctx = min(cfg.n_ctx, C.llama_n_ctx(self._ctx))
         self.n_batch = min(self.n_batch, C.llama_n_batch(self._ctx))
         self.n_threads = threads
         self._vocab = C.llama_model_get_vocab(self._model)
@@ -194,10 +197,13 @@ class Model:
         self.eos = C.llama_vocab_eos(self._vocab)
         self.eot = C.llama_vocab_eot(self._vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
+        self._chat = None  # the chat template's renderer, made on first use
         self.abort_when: threading.Event | None = None
         """Set by a caller in another thread (a server whose client left) to stop a long prefill."""
         self._abort = C.ggml_abort_callback(
             lambda _: interrupt.requested() or (self.abort_when is not None and self.abort_when.is_set()))
+        self._long = True
+        self._check_aborts(long=False)
 
     # -- cache ---------------------------------------------------------------------------------
 
@@ -226,10 +232,8 @@ class Model:
         # short one first), the fewest decodes there can be.
         last = max(n - self.n_batch, 0)
         edges = [0, *range(last, 0, -self.n_batch)[::-1], n]
-        if n > _ABORTABLE:
-            with self._abortable():
-                self._decode(arr, edges, start_out, base)
-        else:
+        with interrupt.deferred():
+            self._check_aborts(n > _LONG_EVAL)
             self._decode(arr, edges, start_out, base)
         if rows == 0:
             return None
@@ -258,23 +262,19 @@ class Model:
             rc = C.llama_decode(self._ctx, self._batch)
             if rc != 0:
                 self.truncate(base + lo)  # drop whatever part of the block may have landed
-                if self.abort_when is not None and self.abort_when.is_set():
+                if interrupt.requested() or (self.abort_when is not None and self.abort_when.is_set()):
+                    # on the main thread, the deferred section turns an interrupt into KeyboardInterrupt
                     raise Cancelled(f"stopped during a decode ({self.name})")
                 raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
             self.tokens.extend(arr[lo:hi].tolist())
-        interrupt.raise_pending()  # a Ctrl-C that landed in a log callback during the decodes
 
-    @contextmanager
-    def _abortable(self) -> Iterator[None]:
-        """A long prefill (seconds on a big model) stops at Ctrl-C through llama.cpp's abort
-        callback. Steps go without it: ggml calls it between graph nodes, a Python call each, which
-        would cost a step on a GPU more than the host work it has."""
-        C.llama_set_abort_callback(self._ctx, self._abort, None)
-        try:
-            with interrupt.deferred():
-                yield
-        finally:
-            C.llama_set_abort_callback(self._ctx, C.ggml_abort_callback(), None)
+    def _check_aborts(self, long: bool) -> None:
+        """Every decode stops at Ctrl-C; a long prefill (seconds on a big model) also when
+        `abort_when` is set, which takes a Python callback: ggml calls it between graph nodes (~500
+        per decode of 30 layers), noise beside a prefill's work but not beside a step's."""
+        if long != self._long:
+            C.llama_set_abort_callback(self._ctx, *((self._abort, None) if long else _ABORT_CHECK))
+            self._long = long
 
     def truncate(self, n: int) -> None:
         """Keep the first n tokens of the cache, remove the rest."""
@@ -333,6 +333,10 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self._vocab, token))
 
+    def token_attr(self, token: int) -> int:
+        """llama.cpp's llama_token_attr flags of `token` (control, user-defined, strips…)."""
+        return int(C.llama_vocab_get_attr(self._vocab, token))
+
     # -- metadata and chat ---------------------------------------------------------------------
 
     def meta(self, key: str) -> str | None:
@@ -352,16 +356,14 @@ class Model:
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """Tokens of `messages` rendered by the GGUF's own chat template (Jinja2, as llama-cpp-python
-        renders it), ending with the assistant's generation prompt."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        template = self.chat_template
-        if template is None:
-            raise EngineError(f"{self.name} has no chat template")
-        special = lambda t: self.token_text(t).decode("utf-8", "replace") if t >= 0 else ""  # noqa: E731
-        fmt = Jinja2ChatFormatter(template=template, eos_token=special(self.eos), bos_token=special(self.bos))
-        result = fmt(messages=messages)
-        return self.tokenize(result.prompt, add_special=not result.added_special, parse_special=True)
+        renders it), ending with the assistant's generation prompt. Message text is tokenized
+        literally: special-token text in a message is never a turn marker (see `chat`)."""
+        if self._chat is None:
+            template = self.chat_template
+            if template is None:
+                raise EngineError(f"{self.name} has no chat template")
+            self._chat = chat.formatter(self, template)  # compiled once
+        return chat.chat_tokens(self, self._chat, messages)
 
     def describe(self) -> dict:
         return {

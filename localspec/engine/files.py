@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import errno
+import stat
 from pathlib import Path
 from typing import Sequence
 
-from ..gguf_info import GGUFFormatError, read_info
+from ..gguf_info import GGUFFormatError, TruncatedHeader, read_info
 
 
 class EngineError(RuntimeError):
     """A model could not be loaded or used; the message is one line meant for the user."""
 
 
+_NOT_FILES = ((stat.S_ISFIFO, "a FIFO (a named pipe)"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
 def check_gguf(path: str | Path) -> Path:
-    """Fail early, with one line, on a missing file or a file that is not GGUF."""
+    """Fail early, with one line, on a path that is not a readable file, or a file that is not GGUF.
+    (A FIFO is refused before it is opened: opening one waits for a writer, for ever.)"""
     p = Path(path).expanduser()
-    if p.is_dir():
+    try:
+        mode = p.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise EngineError(f"{p} is a symlink loop: following it never reaches a file") from None
+        if isinstance(e, (FileNotFoundError, NotADirectoryError)):
+            dangling = " (a symlink to a missing file)" if p.is_symlink() else ""
+            raise EngineError(f"model file not found: {p}{dangling}") from None
+        raise EngineError(f"cannot read model file {p}: {e.strerror or e}") from None
+    if stat.S_ISDIR(mode):
         raise EngineError(f"{p} is a folder; give the path of a .gguf file inside it")
-    if not p.is_file():
-        raise EngineError(f"model file not found: {p}")
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _NOT_FILES if test(mode)), "something other than a file")
+        raise EngineError(f"{p} is {what}, not a model file; give the path of a .gguf file")
     try:
         with p.open("rb") as f:
             magic = f.read(4)
@@ -37,6 +54,8 @@ def load_failure(path: Path, log: Sequence[str]) -> str:
         if info.truncated:
             return (f"the file is truncated: {info.file_size:,} bytes, but its tensors end at byte "
                     f"{info.data_end:,} (an interrupted download or copy?)")
+    except TruncatedHeader as e:
+        return str(e)
     except GGUFFormatError as e:
         return f"corrupt GGUF header: {e}"
     except OSError as e:
