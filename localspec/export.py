@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from .history import Conversation, Message, Summary
+from .conversation import Conversation, Message, Summary
 
 FORMAT = "localspec.conversation"
 VERSION = 1

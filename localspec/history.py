@@ -1,16 +1,17 @@
 """Saved conversations: a SQLite file in the user data directory (or $LOCALSPEC_HISTORY).
 
-Saving is a convenience, never a reason for a chat to stop. A store opened for the chat turns every
-storage failure (a corrupt file, a lock held too long, a read-only directory, a full disk) into
-`Store.disabled` with a one-line `Store.notice`; every later call is accepted and does nothing. The
-`localspec history` commands open it with `strict=True` and get a one-line `StoreError` instead.
+Saving is a convenience, never a reason for a chat to stop. A locked file is tried again a few
+times (RETRY_DELAYS); a store opened for the chat turns every failure that lasts (a corrupt file, a
+lock held for seconds, a read-only directory, a full disk) into `Store.disabled` with a one-line
+`Store.notice`; every later call is accepted and does nothing. The `localspec history` commands
+open it with `strict=True` and get a one-line `StoreError` instead. A file that is not ours (no
+conversations tables) is refused before anything in it changes.
 
 One connection per store, shared by threads under a lock (`check_same_thread=False`): Textual starts
 a fresh worker thread per reply, so a connection per thread would be opened per reply and never
-closed; SQLite takes one writer at a time anyway, and every write here is short.
-
-WAL with synchronous=NORMAL: a committed write survives the process being killed (only an OS crash
-can take the last ones back), and readers (`localspec history` while a chat runs) never wait.
+closed; SQLite takes one writer at a time anyway, and every write here is short. WAL with
+synchronous=NORMAL: a committed write survives the process being killed (only an OS crash can take
+the last ones back), and readers (`localspec history` while a chat runs) never wait.
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
+
+from .conversation import Conversation, Message, Summary, make_title
 
 ENV = "LOCALSPEC_HISTORY"   # a file path
 FLUSH_SECONDS = 2.0
 """A streaming reply is written at most this often (and always when it finishes)."""
 BUSY_TIMEOUT_MS = 250
-"""How long a write waits for another process's lock before saving gives up: short, since the
-chat waits for it."""
-TITLE_CHARS = 60
+"""How long one attempt waits for another connection's lock: short, since the chat waits for it."""
+RETRY_DELAYS = (0.1, 0.3, 0.9)
+"""Pauses before a locked file is tried again (`history rm` of a long conversation, two chats creating
+it at once), the last time on a fresh connection: ~2.3 s in all before saving gives up, once."""
+MAX_ID = 2**63 - 1
+"""SQLite's largest integer: no row has a larger id, and a larger number cannot even be bound."""
 ROLES = ("user", "assistant")
 
 # Schema version N is reached by running MIGRATIONS[:N] in order; a file is brought up to
@@ -66,6 +71,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 class StoreError(Exception):
     """The history database cannot be used; the message is one line, fit for the CLI."""
 
+    locked = False   # another connection held the lock: trying later may work
+
 
 def default_path() -> Path:
     """$LOCALSPEC_HISTORY, else history.sqlite3 in the platform's user data directory."""
@@ -76,69 +83,9 @@ def default_path() -> Path:
     return Path(platformdirs.user_data_dir("localspec")) / "history.sqlite3"
 
 
-@dataclass(frozen=True)
-class Message:
-    """One stored message."""
-
-    id: int
-    ordinal: int
-    """Position in its conversation, from 0."""
-    role: str
-    """"user" or "assistant"."""
-    content: str
-    partial: bool
-    """A reply that did not finish: stopped by the user, or cut off by a crash (then it holds the
-    text as of its last write)."""
-    created: float
-    """Unix seconds."""
-    updated: float
-    stats: dict | None
-    """What the caller recorded with an assistant reply (tokens, α, tokens/s, k, drafter, ...)."""
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """A stored conversation with its messages in order."""
-
-    id: int
-    title: str
-    """The first line of the first user message, shortened."""
-    created: float
-    updated: float
-    """When a message was last written."""
-    settings: dict
-    """What the caller gave `new_conversation`: model pair, sampling, drafter, k."""
-    system: str | None
-    messages: tuple[Message, ...]
-
-    def history(self) -> list[dict[str, str]]:
-        """[{"role", "content"}] as a chat keeps them; partial replies as the model saw them."""
-        return [{"role": m.role, "content": m.content} for m in self.messages]
-
-
-@dataclass(frozen=True)
-class Summary:
-    """A line of `Store.list_conversations`."""
-
-    id: int
-    title: str
-    created: float
-    updated: float
-    """When a message was last written (Unix seconds)."""
-    n_messages: int
-    partial: bool
-    """Some reply in it did not finish."""
-
-
-def make_title(text: str) -> str:
-    line = " ".join(next((s for s in text.splitlines() if s.strip()), "").split())
-    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
-
-
 def _describe(e: BaseException, path: Path) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
-    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
-        # "file is not a database", "database disk image is malformed": no retry will help
+    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):   # no retry helps
         return f"{path} is not a usable history database ({text}); move it away to start a new one"
     return f"{path}: {text}"
 
@@ -148,13 +95,18 @@ class Store:
 
     def __init__(self, path: Path, conn: sqlite3.Connection | None, notice: str | None = None,
                  strict: bool = False, clock: Callable[[], float] = time.monotonic,
-                 flush_seconds: float = FLUSH_SECONDS) -> None:
+                 flush_seconds: float = FLUSH_SECONDS, now: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """`clock` times reply writes, `now` dates rows (Unix seconds), `sleep` waits between
+        attempts at a locked file (tests pass their own)."""
         self.path = path
         self.notice = notice
         """Why saving stopped (one line), or None while it works."""
         self.strict = strict
         self.clock = clock
         self.flush_seconds = flush_seconds
+        self.now = now
+        self.sleep = sleep
         self._conn = conn
         self._lock = threading.Lock()
 
@@ -175,7 +127,7 @@ class Store:
     # ---- writing -------------------------------------------------------------------------------
     def new_conversation(self, settings: dict | None = None, system: str | None = None) -> int | None:
         """A new, empty conversation; its id (None when saving is off)."""
-        now = time.time()
+        now = self.now()
         return self._run(lambda c: c.execute("INSERT INTO conversations (created, updated, settings, system) "
                                              "VALUES (?, ?, ?, ?)", (now, now, _dumps(settings or {}), system)).lastrowid)
 
@@ -196,7 +148,7 @@ class Store:
         """Rewrite message `msg` (a streamed reply's text so far, or its final text and stats)."""
         if msg is None:
             return
-        now = time.time()
+        now = self.now()
         body = None if stats is None else _dumps(stats)
 
         def update(c: sqlite3.Connection) -> None:
@@ -215,7 +167,8 @@ class Store:
 
     def delete(self, conv: int) -> bool:
         """Delete a conversation and its messages; whether it existed."""
-        return bool(self._run(lambda c: c.execute("DELETE FROM conversations WHERE id = ?", (conv,)).rowcount))
+        return _is_id(conv) and bool(self._run(
+            lambda c: c.execute("DELETE FROM conversations WHERE id = ?", (conv,)).rowcount))
 
     # ---- reading -------------------------------------------------------------------------------
     def list_conversations(self, limit: int | None = None) -> list[Summary]:
@@ -223,7 +176,8 @@ class Store:
         sql = ("SELECT c.id, c.title, c.created, c.updated, COUNT(m.id), COALESCE(MAX(m.partial), 0) "
                "FROM conversations c LEFT JOIN messages m ON m.conversation = c.id "
                "GROUP BY c.id ORDER BY c.updated DESC, c.id DESC LIMIT ?")
-        rows = self._run(lambda c: c.execute(sql, (-1 if limit is None else limit,)).fetchall(), [])
+        limit = -1 if limit is None or limit > MAX_ID else limit   # SQLite: a negative limit is none
+        rows = self._run(lambda c: c.execute(sql, (limit,)).fetchall(), [])
         return [Summary(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in rows]
 
     def get(self, conv: int) -> Conversation | None:
@@ -236,7 +190,7 @@ class Store:
                                  "messages WHERE conversation = ? ORDER BY ordinal", (conv,)).fetchall()
             return head, rows
 
-        head, rows = self._run(read, (None, []))
+        head, rows = self._run(read, (None, [])) if _is_id(conv) else (None, [])
         if head is None:
             return None
         messages = tuple(Message(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6], _loads(r[7])) for r in rows)
@@ -251,7 +205,7 @@ class Store:
     def _insert(self, conv: int | None, role: str, content: str, stats: str | None, partial: bool) -> int | None:
         if conv is None:   # a conversation never stored (saving was off when it began) takes nothing
             return None
-        now = time.time()
+        now = self.now()
 
         def insert(c: sqlite3.Connection) -> int:
             with _transaction(c):
@@ -268,25 +222,39 @@ class Store:
         return self._run(insert)
 
     def _run(self, op: Callable[[sqlite3.Connection], Any], default: Any = None) -> Any:
-        """op(connection): the one place storage errors are caught."""
+        """op(connection): the one place storage errors are caught. A locked file is tried again
+        after each pause of RETRY_DELAYS, the last time on a fresh connection."""
         with self._lock:
-            if self._conn is None:
-                if self.strict:
-                    raise StoreError(self.notice or "the history database is closed")
-                return default
-            try:
-                return op(self._conn)
-            except (sqlite3.Error, OSError) as e:
-                message = _describe(e, self.path)
-                if self.strict:
-                    raise StoreError(message) from None
-                self.notice = f"history not saved: {message}"
-                # An IntegrityError is a conversation deleted under the chat (`localspec history rm`):
-                # the store itself is fine. Anything else will fail again, and slowly if it is a lock.
-                if not isinstance(e, sqlite3.IntegrityError):
+            for attempt, pause in enumerate((*RETRY_DELAYS, None), 1):
+                if self._conn is None:
+                    if self.strict:
+                        raise StoreError(self.notice or "the history database is closed")
+                    return default
+                try:
+                    return op(self._conn)
+                except (sqlite3.Error, OSError) as e:
+                    if pause is None or not _locked(e):
+                        # An IntegrityError is a conversation deleted under the chat (`localspec
+                        # history rm`): the store itself is fine. Anything else will fail again.
+                        return self._give_up(_describe(e, self.path), default,
+                                             close=not isinstance(e, sqlite3.IntegrityError))
+                self.sleep(pause)
+                if attempt == len(RETRY_DELAYS):   # the last attempt, on a fresh connection
                     self._conn.close()
-                    self._conn = None
-                return default
+                    try:
+                        self._conn = _connect(self.path)
+                    except StoreError as e:
+                        self._conn = None
+                        return self._give_up(str(e), default)
+
+    def _give_up(self, message: str, default: Any, close: bool = True) -> Any:
+        if self.strict:
+            raise StoreError(message)
+        self.notice = f"history not saved: {message}"
+        if close and self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        return default
 
 
 class ReplyWriter:
@@ -327,18 +295,24 @@ class ReplyWriter:
 
 
 def open_store(path: str | Path | None = None, *, strict: bool = False,
-               clock: Callable[[], float] = time.monotonic, flush_seconds: float = FLUSH_SECONDS) -> Store:
-    """The history store at `path` (default: `default_path()`), created and migrated as needed.
+               clock: Callable[[], float] = time.monotonic, flush_seconds: float = FLUSH_SECONDS,
+               now: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> Store:
+    """The history store at `path` (default: `default_path()`), created and migrated as needed; a
+    locked file is tried again after each pause of RETRY_DELAYS. (`clock`, `now`, `sleep`: Store.)
 
     Never raises unless `strict`: a store that cannot be used comes back disabled, with a notice."""
     path = Path(path).expanduser() if path is not None else default_path()
-    try:
-        conn = _connect(path)
-    except StoreError as e:
-        if strict:
-            raise
-        return Store.null(f"history not saved: {e}", path)
-    return Store(path, conn, strict=strict, clock=clock, flush_seconds=flush_seconds)
+    for pause in (*RETRY_DELAYS, None):
+        try:
+            conn = _connect(path)
+        except StoreError as e:
+            if e.locked and pause is not None:
+                sleep(pause)
+                continue
+            if strict:
+                raise
+            return Store.null(f"history not saved: {e}", path)
+        return Store(path, conn, strict=strict, clock=clock, flush_seconds=flush_seconds, now=now, sleep=sleep)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -349,6 +323,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         # leaves one open behind the next call. `timeout` is SQLite's busy_timeout.
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                check_same_thread=False)
+        _check_ours(conn, path)   # before anything below changes the file (its journal mode first)
         for pragma in ("foreign_keys = ON", "journal_mode = WAL", "synchronous = NORMAL"):
             conn.execute(f"PRAGMA {pragma}")
         _migrate(conn, path)
@@ -356,7 +331,26 @@ def _connect(path: Path) -> sqlite3.Connection:
     except (sqlite3.Error, OSError, StoreError) as e:
         if conn is not None:
             conn.close()
-        raise e if isinstance(e, StoreError) else StoreError(_describe(e, path)) from None
+        error = e if isinstance(e, StoreError) else StoreError(_describe(e, path))
+        error.locked = _locked(e)
+        raise error from None
+
+
+def _check_ours(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a file this module did not make: an empty one is new, ours has a schema version and
+    our tables. Only reads: a foreign file is left exactly as it was."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if (tables or version) and not (version >= 1 and {"conversations", "messages"} <= tables):
+        raise StoreError(f"{path} is not a localspec history database (it holds other data); "
+                         f"move it away or set {ENV} to another file")
+    _check_version(version, path, len(MIGRATIONS))
+
+
+def _check_version(version: int, path: Path, known: int) -> None:   # before and during _migrate
+    if version > known:
+        raise StoreError(f"{path} was written by a newer localspec (schema {version}, this one knows "
+                         f"{known}); upgrade localspec or set {ENV} to another file")
 
 
 def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Sequence[str]] = MIGRATIONS) -> None:
@@ -365,9 +359,7 @@ def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Sequence
     with _transaction(conn):
         # Read again under the write lock: another process may have migrated meanwhile.
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(migrations):
-            raise StoreError(f"{path} was written by a newer localspec (schema {version}, this one knows "
-                             f"{len(migrations)}); upgrade localspec or set {ENV} to another file")
+        _check_version(version, path, len(migrations))
         for statements in migrations[version:]:
             for sql in statements:
                 conn.execute(sql)   # DDL is transactional in SQLite: a failed step leaves no half schema
@@ -386,6 +378,15 @@ def _transaction(conn: sqlite3.Connection, mode: str = "IMMEDIATE") -> Iterator[
             conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def _locked(e: BaseException) -> bool:   # SQLITE_BUSY (5) or SQLITE_LOCKED (6): trying later may work
+    code = getattr(e, "sqlite_errorcode", None)   # Python 3.11+; before, only the message says
+    return code & 0xFF in (5, 6) if code is not None else isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
+
+
+def _is_id(n: int) -> bool:   # a number past MAX_ID cannot even be bound (OverflowError)
+    return 1 <= n <= MAX_ID
 
 
 def _dumps(value: dict) -> str:   # default=str: a Path or a numpy float32 in stats is no reason to fail

@@ -12,9 +12,11 @@ from typing import Callable
 
 from . import vocab
 from .config import DRAFTERS, NEEDS_DRAFT, ConfigError, ModelConfig
+from .conversation import prompt_fits
 from .drafters import Drafter, ModelDrafter, PromptLookup
 from .hybrid import AutoDrafter
-from .engine import EngineError, Model, check_gguf
+from .engine import EngineError, Model, check_gguf, load_failure
+from .gguf_info import GGUFFormatError, read_info
 
 
 MAX_CTX = 2**31 - 1
@@ -67,8 +69,22 @@ def resolve_files(cfg: LoadConfig, notice: Callable[[str], None] | None = None) 
     target, draft = defaults.default_pair(cfg.target, cfg.draft, drafter in NEEDS_DRAFT, notice)
     for path in (target, draft):
         if path is not None:
-            _with_rebuild_hint(check_gguf, path)  # both files, before spending time loading either
+            _with_rebuild_hint(check_header, path)  # both files, before spending time loading either
     return replace(cfg, target=str(target), draft=None if draft is None else str(draft), drafter=drafter)
+
+
+def check_header(path: str | Path) -> None:
+    """`check_gguf`, then the whole header read and the file's length checked against its tensors:
+    a file llama.cpp would refuse for its format (version 99, truncated) fails here, in the shell,
+    in the words `Model` would use, before a chat screen opens or another model loads."""
+    p = check_gguf(path)
+    try:
+        info = read_info(p)
+        broken = info.truncated
+    except (GGUFFormatError, OSError):
+        broken = True
+    if broken:
+        raise EngineError(f"failed to load {p}: {load_failure(p, ())}")
 
 
 def _load(cfg: ModelConfig) -> Model:
@@ -140,7 +156,7 @@ class Session:
 
     def check_fits(self, tokens: list[int], what: str = "prompt") -> None:
         """A prompt must leave room in the context for at least one generated token."""
-        if len(tokens) >= self.target.n_ctx:
+        if not prompt_fits(len(tokens), self.target.n_ctx):
             raise ConfigError(f"{what} is {len(tokens)} tokens, too long for n_ctx {self.target.n_ctx} "
                               "(raise --n-ctx)")
 

@@ -10,15 +10,15 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from localspec import conversation, export
+from localspec import conversation, export, history
 from localspec.config import ConfigError
-from localspec.history import (BUSY_TIMEOUT_MS, MIGRATIONS, Store, StoreError, _migrate, default_path,
-                               make_title, open_store)
+from localspec.conversation import make_title
+from localspec.history import (BUSY_TIMEOUT_MS, MAX_ID, MIGRATIONS, RETRY_DELAYS, Store, StoreError, _migrate,
+                               default_path, open_store)
 
 REPO = Path(__file__).resolve().parent.parent
 STATS = {"n_tokens": 12, "alpha": 0.75, "tokens_per_step": 2.4, "tokens_per_second": 41.5, "k": "auto",
@@ -31,6 +31,66 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+class Ticks:
+    """A wall clock that moves one second per reading: rows written one after another are ordered
+    whatever the real clock's resolution (Windows: ~15 ms)."""
+
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+class Pauses:
+    """A `sleep` that records the pauses asked for, and can run `then` on the first one."""
+
+    def __init__(self, then=None) -> None:
+        self.asked: list[float] = []
+        self.then = then
+
+    def __call__(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        if self.then is not None and len(self.asked) == 1:
+            self.then()
+
+
+class Locker(threading.Thread):
+    """Another process's writer: holds the write lock of `path` from its own connection until
+    `release` is set, then sets `released`."""
+
+    def __init__(self, path: Path, mode: str = "IMMEDIATE") -> None:
+        super().__init__(daemon=True)
+        self.path, self.mode = path, mode
+        self.held, self.release, self.released = threading.Event(), threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        c = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            c.execute(f"BEGIN {self.mode}")
+            self.held.set()
+            self.release.wait()
+            c.execute("ROLLBACK")
+        finally:
+            c.close()
+            self.released.set()
+
+    def __enter__(self) -> "Locker":
+        self.start()
+        assert self.held.wait(30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.join(30)
+
+    def let_go(self) -> None:
+        """Release the lock and wait until it is released (from the store's pause)."""
+        self.release.set()
+        assert self.released.wait(30)
 
 
 def raw(path: Path, sql: str, *args) -> list[tuple]:
@@ -139,11 +199,11 @@ def test_delete_cascades_to_messages(store, db):
     assert raw(db, "SELECT COUNT(*) FROM messages") == [(4,)] and len(store.get(keep).messages) == 4
 
 
-def test_listing_is_most_recently_updated_first(store):
+def test_listing_is_most_recently_updated_first(db):
+    store = open_store(db, now=Ticks())
     a, b, c = (store.new_conversation({}, None) for _ in range(3))
     for conv, text in ((a, "first"), (b, "second"), (c, "third")):
         store.add_message(conv, "user", text)
-        time.sleep(0.002)
     assert [s.id for s in store.list_conversations()] == [c, b, a]
     assert store.last_id() == c
     w = store.start_reply(a)   # a reply to the oldest moves it to the top
@@ -225,37 +285,91 @@ def test_a_read_only_directory_disables_saving(tmp_path):
         ro.chmod(0o700)
 
 
-def test_a_locked_database_costs_a_write_well_under_half_a_second(store, db):
+def test_a_lock_released_while_a_write_waits_loses_nothing(db):
+    """A `history rm` of a long conversation, or another chat creating the file, holds the lock
+    longer than one busy timeout: the write is tried again after a pause, and saving goes on."""
+    store = open_store(db)
     conv = store.new_conversation({}, None)
-    other = sqlite3.connect(db, isolation_level=None)
-    other.execute("BEGIN EXCLUSIVE")
-    try:
-        start = time.perf_counter()
+    with Locker(db) as other:
+        store.sleep = pauses = Pauses(then=other.let_go)   # released during the first pause
+        msg = store.add_message(conv, "user", "hello?")
+    assert pauses.asked == [RETRY_DELAYS[0]]
+    assert msg is not None and not store.disabled and store.notice is None
+    assert [m.content for m in store.get(conv).messages] == ["hello?"]
+    store.close()
+
+
+def test_a_lock_that_stays_is_retried_on_a_fresh_connection_then_said_once(db, monkeypatch):
+    store = open_store(db)
+    conv = store.new_conversation({}, None)
+    store.sleep = pauses = Pauses()
+    opened = []
+    connect = history._connect
+    monkeypatch.setattr(history, "_connect", lambda path: opened.append(path) or connect(path))
+    with Locker(db):
         assert store.add_message(conv, "user", "hello?") is None
-        w = store.start_reply(conv)
+        assert pauses.asked == list(RETRY_DELAYS) and opened == [db]   # re-opened before the last try
+        assert store.disabled and "locked" in store.notice and "\n" not in store.notice
+        notice = store.notice
+        w = store.start_reply(conv)   # saving is off now: nothing more waits for the lock
         w.append("reply")
         w.finish(STATS)
-        assert time.perf_counter() - start < 0.5
-        assert store.disabled and "locked" in store.notice
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
+        assert pauses.asked == list(RETRY_DELAYS) and opened == [db] and store.notice == notice
+    assert raw(db, "SELECT COUNT(*) FROM messages") == [(0,)]
 
 
-def test_opening_a_locked_database_does_not_block(tmp_path):
+def test_the_cli_waits_for_a_lock_too_then_says_why(db):
+    strict = open_store(db, strict=True, sleep=Pauses())
+    with Locker(db):
+        with pytest.raises(StoreError, match="locked"):
+            strict.delete(1)
+        assert strict.sleep.asked == list(RETRY_DELAYS)
+
+
+def test_opening_a_locked_database_tries_again(tmp_path):
     path = tmp_path / "h.sqlite3"
-    other = sqlite3.connect(path, isolation_level=None)   # a rollback-journal file, locked before we look
-    other.execute("CREATE TABLE t (x)")
-    other.execute("BEGIN EXCLUSIVE")
-    try:
-        start = time.perf_counter()
-        s = open_store(path)
-        assert time.perf_counter() - start < 0.5
-        assert s.disabled and "locked" in s.notice
+    with Locker(path, "EXCLUSIVE") as other:   # a new rollback-journal file, locked before we look
+        waits = Pauses()
+        s = open_store(path, sleep=waits)
+        assert s.disabled and "locked" in s.notice and waits.asked == list(RETRY_DELAYS)
         assert_accepts_everything(s)
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
+        pauses = Pauses(then=other.let_go)
+        s = open_store(path, sleep=pauses)   # two chats creating the file at once
+    assert pauses.asked == [RETRY_DELAYS[0]] and not s.disabled, s.notice
+    s.close()
+
+
+@pytest.mark.parametrize("number", [MAX_ID + 1, 2**64, 10**30, 0, -1, -(2**63) - 1])
+def test_ids_no_row_can_have_are_not_found_not_an_overflow(store, number):
+    """`history show/rm/export 9223372036854775808`, `chat --resume` with it: SQLite cannot even bind
+    the number (OverflowError); no conversation has it, so it is not found."""
+    conv = two_turns(store)
+    assert store.get(number) is None and store.delete(number) is False
+    assert [s.id for s in store.list_conversations(limit=MAX_ID + 1)] == [conv]   # more than all: all
+    assert store.get(MAX_ID) is None and store.delete(MAX_ID) is False   # the largest one is asked for
+    assert not store.disabled and store.notice is None
+
+
+def test_a_foreign_sqlite_file_is_refused_as_it_was(tmp_path, monkeypatch, capsys):
+    """Not ours (another program's database at $LOCALSPEC_HISTORY): refused before its journal mode
+    (or anything else in it) changes."""
+    path = tmp_path / "theirs.sqlite3"
+    c = sqlite3.connect(path)
+    c.execute("CREATE TABLE notes (body TEXT)")
+    c.execute("INSERT INTO notes VALUES ('keep me')")
+    c.commit()
+    c.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="not a localspec history database"):
+        open_store(path, strict=True)
+    s = open_store(path)
+    assert s.disabled and "not a localspec history database" in s.notice
+    monkeypatch.setenv("LOCALSPEC_HISTORY", str(path))
+    code, out, err = cli(monkeypatch, capsys, "history")
+    assert code == 2 and err.count("\n") == 1 and "not a localspec history database" in err
+    assert raw(path, "PRAGMA journal_mode") == [("delete",)] and path.read_bytes() == before
+    assert raw(path, "SELECT name FROM sqlite_master") == [("notes",)]
+    assert not Path(f"{path}-wal").exists()
 
 
 def test_a_full_disk_disables_saving(store):
@@ -386,6 +500,16 @@ def test_fit_drops_oldest_pairs_never_the_system_prompt_and_leaves_history_alone
     with pytest.raises(ConfigError, match="too long"):
         conversation.fit("sys", history + [{"role": "user", "content": "x" * 300}], render, 200, 20)
     assert conversation.messages(None, history[:1]) == history[:1]
+
+
+def test_a_prompt_of_n_ctx_minus_one_tokens_fits_as_in_generate():
+    """One rule (conversation.prompt_fits) for chat, generate and serve: room for one token is enough."""
+    n_ctx = 100
+    message = lambda n: [{"role": "user", "content": "x" * (n - 4)}]  # noqa: E731 (render: n tokens)
+    assert len(conversation.fit(None, message(n_ctx - 1), render, n_ctx, max_tokens=20).prompt) == n_ctx - 1
+    with pytest.raises(ConfigError, match="too long"):
+        conversation.fit(None, message(n_ctx), render, n_ctx, max_tokens=20)
+    assert conversation.prompt_fits(n_ctx - 1, n_ctx) and not conversation.prompt_fits(n_ctx, n_ctx)
 
 
 # ---- the CLI ----------------------------------------------------------------------------------

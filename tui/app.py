@@ -19,8 +19,9 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, Label, ProgressBar, Static
 
 from localspec.config import SamplingConfig
+from localspec.conversation import Conversation
 from localspec.engine import gpu_offload_supported
-from localspec.history import Conversation, Store
+from localspec.history import Store
 from localspec.session import LoadConfig, Session
 
 from .chat import Chat, LiveStats
@@ -255,18 +256,21 @@ class ChatApp(Commands, App):
         self.add_notice(message.text, message.kind)
 
     def on_chat_input_submitted(self, event: ChatInput.Submitted) -> None:
+        # The box is already empty (ChatInput.action_submit); a message not taken goes back into it.
         text = event.value.rstrip().lstrip("\n")   # a first line's indent is the user's
-        if not text or self.chat is None:
+        if not text:
+            return
+        if self.chat is None:
+            event.input.give_back(event.value)
             return
         if self.run_command(text):
             event.input.remember(text)
-            event.input.value = ""
             return
         if self.busy:
+            event.input.give_back(event.value)
             self.notify("a reply is still running; Esc stops it", timeout=3)
             return
         event.input.remember(text)
-        event.input.value = ""
         self.turn += 1
         self._turn_info = ""
         self.add_row(MessageRow("you", Static(Text(text)), user=True))   # Text: no markup parsing

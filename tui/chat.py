@@ -131,9 +131,11 @@ class Chat:
         self.drafter_kind = session.drafter_kind
         self._spec_kind = self.drafter_kind if self.drafter_kind != "none" else self.kinds[0]
         self._drafters: dict[str, object] = {}
-        # One controller per drafter for the whole session: learned costs and acceptance persist
-        # across turns, and a lookup's statistics never pollute the draft model's.
-        self._controllers: dict[str, KController] = {}
+        # One controller per drafter and temperature band (warmstart.band) for the whole session, as
+        # the server keeps them: learned costs and acceptance persist across turns, a lookup's
+        # statistics never pollute the draft model's, and greedy rates never mix with sampled ones
+        # (each band's record is saved from its own controller).
+        self._controllers: dict[tuple[str, str], KController] = {}
         self.rng = np.random.default_rng(sampling.seed)
         self.live = LiveStats()
         self.stop = threading.Event()
@@ -193,7 +195,7 @@ class Chat:
         `self.stop` is set. The text generated so far (even if stopped) joins the history."""
         kind, sampling = self.drafter_kind, self.sampling
         drafter = self._drafter(kind)
-        controller = self._controller(kind, drafter)
+        controller = self._controller(kind, drafter, sampling.temperature)
         decode = DecodeConfig(max_tokens=self.max_tokens, k=self.k, k_max=self.k_max)
         parts: list[str] = []
         n_tokens = n_tested = n_accepted = n_steps = 0
@@ -238,10 +240,11 @@ class Chat:
             self._drafters[kind] = self.session.make_drafter(kind)
         return self._drafters[kind]
 
-    def _controller(self, kind: str, drafter) -> KController:
-        if kind not in self._controllers:
-            c = self._controllers[kind] = KController(
+    def _controller(self, kind: str, drafter, temperature: float) -> KController:
+        key = (kind, warmstart.band(temperature))
+        if key not in self._controllers:
+            c = self._controllers[key] = KController(
                 self.k_max, fixed_k=self.k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
             if self.warm_start and drafter is not None:
-                warmstart.load_into(c, self.session, kind, self.sampling.temperature)
-        return self._controllers[kind]
+                warmstart.load_into(c, self.session, kind, temperature)
+        return self._controllers[key]

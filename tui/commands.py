@@ -143,8 +143,7 @@ class Commands:
         self.post_message(PromptHistory(self.saver.recent_prompts()))
 
     def on_prompt_history(self, message: PromptHistory) -> None:
-        prompt = self.prompt_box
-        prompt.prompts[:0] = message.prompts   # before this session's, which are newer
+        self.prompt_box.add_older(message.prompts)   # before this session's, which are newer
 
     def action_conversations(self) -> None:
         if self.saver.store is None:

@@ -5,6 +5,13 @@ and Alt+Enter insert one too where the terminal reports them apart from Enter (t
 the kitty keyboard protocol, which Textual turns on: kitty, WezTerm, foot, Ghostty, recent
 Alacritty, iTerm2 with "report keys using CSI u"); elsewhere they arrive as a plain Enter and send.
 A paste keeps its newlines (bracketed paste).
+
+Enter and the newline keys are handled in the box's own `_on_key`, not by priority bindings: the
+app runs a priority binding the moment the key reaches it, while the characters before it still
+wait in the box's message queue, so a burst ("Say hi.\r" from tmux send-keys, expect, a text
+expander, a paste without bracketed paste) was sent empty or cut. Here the key is handled after
+the characters typed before it, and the box is emptied at once, so that characters after it in the
+same burst stay for the next message.
 """
 
 from __future__ import annotations
@@ -25,10 +32,8 @@ class ChatInput(TextArea):
     DEFAULT_CSS = """
     ChatInput { height: auto; min-height: 3; max-height: 10; }
     """
-    BINDINGS = [
-        Binding("enter", "submit", "Send", show=True, priority=True),
-        Binding(",".join(NEWLINE_KEYS), "newline", "Newline", show=False, priority=True),
-    ]
+    # For the footer (and a click on it): the keys themselves are taken by `_on_key`, in order.
+    BINDINGS = [Binding("enter", "submit", "Send", show=True)]
 
     class Submitted(Message):
         def __init__(self, input: "ChatInput", value: str) -> None:
@@ -59,18 +64,28 @@ class ChatInput(TextArea):
 
     # ---- keys --------------------------------------------------------------------------------
     def action_submit(self) -> None:
-        self.post_message(self.Submitted(self, self.text))
+        """Send what the box holds, and empty it (`give_back` returns a message the app refused)."""
+        text = self.text
+        if text.strip():
+            self.value = ""
+        self.post_message(self.Submitted(self, text))
+
+    def give_back(self, text: str) -> None:
+        """A message the app did not take (a reply is running): back in the box, before anything
+        typed since."""
+        self.value = text + self.text
 
     def action_newline(self) -> None:
         self.insert("\n")
 
     async def _on_key(self, event: events.Key) -> None:
-        # Bindings with priority take Enter and the newline keys first; this is a fallback for an
-        # Enter delivered as a bare key event (TextArea would insert a newline).
-        if event.key == "enter":
+        if event.key == "enter" or event.key in NEWLINE_KEYS:
             event.stop()
-            event.prevent_default()
-            self.action_submit()
+            event.prevent_default()   # TextArea would insert a newline for Enter
+            if event.key == "enter":
+                self.action_submit()
+            else:
+                self.action_newline()
             return
         await super()._on_key(event)
 
@@ -95,6 +110,15 @@ class ChatInput(TextArea):
             self.prompts.append(text)
             del self.prompts[:-HISTORY_LIMIT]
         self._index = None
+
+    def add_older(self, prompts: list[str]) -> None:
+        """Prompts older than all those held (the store's, read while the chat runs), oldest first.
+        A recall in progress stays on the prompt it shows: its index moves with the insertion."""
+        older = prompts[max(0, len(prompts) - (HISTORY_LIMIT - len(self.prompts))):] \
+            if len(self.prompts) < HISTORY_LIMIT else []
+        self.prompts[:0] = older
+        if self._index is not None:
+            self._index += len(older)
 
     def recall(self, step: int) -> bool:
         """Show the previous (-1) or next (+1) prompt; False when there is none that way."""

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from localspec import export
-from localspec.history import Conversation, Message, ReplyWriter, Store, make_title
+from localspec.conversation import Conversation, Message, make_title
+from localspec.history import ReplyWriter, Store
 
 RECENT_CONVERSATIONS = 20   # whose user messages Up/Down recall, besides this session's
 
