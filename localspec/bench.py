@@ -30,6 +30,7 @@ from .bench_report import K_MAX, group, run_json, version
 from .config import MAX_DRAFT, ConfigError, DecodeConfig, SamplingConfig
 from .controller import KController
 from .decoder import Step, generate_steps
+from .defaults import MAX_PROMPT_BYTES, read_capped, shown
 from .machine import load_1min, usable_cpus
 
 SCHEMA = "localspec.bench/2"   # 2: alpha = accepted / tested positions (was / drafted); draft_efficiency
@@ -66,7 +67,8 @@ def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
     naming the file and line."""
     file = Path(path).expanduser() if path else builtin_prompts_file()
     try:
-        text = file.read_text(encoding="utf-8")
+        with file.open("rb") as f:
+            text = read_capped(f, MAX_PROMPT_BYTES, f"prompts file {file}").decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"prompts file not found: {file}") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -80,12 +82,16 @@ def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise ConfigError(f"{where}: JSON nested too deeply (a prompt line is one flat object)") from None
+        except ValueError as e:   # an integer past Python's 4300-digit limit
+            raise ConfigError(f"{where}: invalid JSON ({e})") from None
         if not isinstance(obj, dict):
             raise ConfigError(f'{where}: expected an object like {{"category": "chat", "prompt": "..."}}, '
                               f"got {_json_type(obj)}")
         unknown = sorted(set(obj) - set(KEYS))
         if unknown:
-            raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(KEYS)})")
+            raise ConfigError(f"{where}: unknown key {shown(unknown[0])} (allowed: {', '.join(KEYS)})")
         if "prompt" not in obj:
             raise ConfigError(f'{where}: missing "prompt"')
         for key, typ in KEYS.items():
@@ -99,7 +105,7 @@ def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
         if not category:
             raise ConfigError(f'{where}: "category" is empty')
         if obj.get("max_tokens", 1) < 1:
-            raise ConfigError(f'{where}: "max_tokens" must be >= 1, got {obj["max_tokens"]}')
+            raise ConfigError(f'{where}: "max_tokens" must be >= 1, got {shown(obj["max_tokens"])}')
         prompts.append(BenchPrompt(category, obj["prompt"], obj.get("max_tokens"), obj.get("system"), where))
     if not prompts:
         raise ConfigError(f"{file}: no prompts (expected one JSON object per line)")
@@ -112,7 +118,7 @@ def select_categories(prompts: list[BenchPrompt], categories: Sequence[str] | No
     known = list(dict.fromkeys(p.category for p in prompts))
     for c in categories:
         if c not in known:
-            raise ConfigError(f"no prompts in category {c!r}; the suite has: {', '.join(known)}")
+            raise ConfigError(f"no prompts in category {shown(c)}; the suite has: {', '.join(known)}")
     return [p for p in prompts if p.category in categories]
 
 
@@ -128,7 +134,7 @@ def parse_k_sweep(value: str | None) -> list[int | None]:
                 k = int(item)
             except ValueError:
                 raise ConfigError(f"draft tokens (-k) must be a number, 'auto' or a list like 1,2,4,8; "
-                                  f"got {value!r}") from None
+                                  f"got {shown(value)}") from None
             if not 1 <= k <= MAX_DRAFT:
                 raise ConfigError(f"draft tokens (-k) must be between 1 and {MAX_DRAFT} in a bench (plain "
                                   f"decoding is always measured), got {k}")
@@ -221,7 +227,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
     if session.drafter_kind == "none":
         raise ConfigError("bench compares plain with speculative decoding; --drafter none leaves nothing to compare")
     if opts.compare is not None and opts.compare not in COMPARE:
-        raise ConfigError(f"--compare must be one of: {', '.join(COMPARE)}; got {opts.compare!r}")
+        raise ConfigError(f"--compare must be one of: {', '.join(COMPARE)}; got {shown(opts.compare)}")
     notice = notice or (lambda m: None)
     load_start = load_1min()
     cpus = usable_cpus()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
 import importlib
+import io
 import json
 import os
 import sys
@@ -10,10 +12,28 @@ from importlib.metadata import entry_points
 from typing import List, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from . import cli_options as o
 from .cli_options import Resolved, fail
 from .config import ConfigError, DecodeConfig
+from .defaults import MAX_PROMPT_BYTES, read_capped
+
+
+class _ReaderGone(Exception):
+    """The reader of stdout left (`| head -c 10`): the run ends quietly, with exit code 0."""
+
+
+class _Group(TyperGroup):
+    """The root command: a BrokenPipeError from any command becomes `_ReaderGone` here, inside
+    Click's main, whose own handler would otherwise turn it into exit code 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise _ReaderGone() from None
+
 
 app = typer.Typer(
     name="localspec",
@@ -21,16 +41,21 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
 
 
 def read_prompt(prompt: str) -> str:
+    """The prompt from argv, or from stdin for '-'. Only an empty one is refused: whitespace is text
+    a raw model can continue, on either path (and on the server)."""
     if prompt == "-":
         try:
-            text = sys.stdin.buffer.read().decode("utf-8")
+            text = read_capped(sys.stdin.buffer, MAX_PROMPT_BYTES, "the prompt on stdin").decode("utf-8")
         except UnicodeDecodeError as e:
             fail(f"the prompt on stdin is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})")
-        if not text.strip():
+        except ConfigError as e:
+            fail(e)
+        if not text:
             fail("empty prompt on stdin")
         return text
     if not prompt:
@@ -73,15 +98,29 @@ def generate(
 
 def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as_json: bool,
               warm: bool = True, special: bool = True) -> None:
+    from .session import Session
+
+    session = Session.load(opts.load)
+    try:   # closed on every way out: an error, Ctrl-C, a reader that left (`| head`)
+        result = _run(session, text, opts, decode, chat, system, as_json, warm, special)
+    finally:
+        session.close()
+    if as_json:
+        typer.echo(json.dumps(result, ensure_ascii=False))
+        return
+    sys.stdout.write("\n")
+    typer.echo(summary_line(result), err=True)
+
+
+def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as_json: bool,
+         warm: bool, special: bool) -> dict:
     import time
 
     from . import warmstart
     from .controller import KController
-    from .session import Session
     from .stats import RunStats
     from .stream import stream_text
 
-    session = Session.load(opts.load)
     target = session.target
     chat = session.chat_or_raw(chat, lambda m: typer.echo(m, err=True))
     tokens = session.prompt_tokens(text, chat, system, special)
@@ -100,9 +139,10 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
             first_step_at = time.perf_counter() - start - chunk.step.t_draft - chunk.step.t_verify - chunk.step.t_python
         stats.add(chunk.step)
         out_tokens.extend(chunk.tokens)
-        pieces.append(chunk.text)
-        if not as_json and chunk.text:
-            sys.stdout.write(chunk.text)
+        visible = chunk.text if chunk.step.finish is None else _complete(chunk.text, target.piece, out_tokens)
+        pieces.append(visible)
+        if not as_json and visible:
+            sys.stdout.write(visible)
             sys.stdout.flush()
     result = {
         "text": "".join(pieces),
@@ -125,12 +165,19 @@ def _generate(text, opts: Resolved, decode: DecodeConfig, chat: bool, system, as
     }
     if warm and drafter is not None:
         warmstart.save(controller, session, drafter.name, temperature)
-    session.close()
-    if as_json:
-        typer.echo(json.dumps(result, ensure_ascii=False))
-        return
-    sys.stdout.write("\n")
-    typer.echo(summary_line(result), err=True)
+    return result
+
+
+def _complete(text: str, piece, tokens: list[int]) -> str:
+    """The last chunk's `text` without the U+FFFD that stands for a character the output's last
+    tokens began but never finished (--max-tokens cut it): the output holds whole characters."""
+    if not text.endswith("\ufffd"):
+        return text
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for t in tokens:
+        decoder.decode(piece(t))
+    unfinished = decoder.getstate()[0]
+    return text[:-1] if unfinished else text
 
 
 def summary_line(r: dict) -> str:
@@ -192,9 +239,10 @@ def main() -> None:
     from .sampling import BadLogits
 
     usage, aborts, no_args = _click_exceptions()
+    _stand_in_for_closed_streams()
     try:
         code = app(standalone_mode=False)
-    except SystemExit as e:  # Typer's own exits (a broken pipe: 1)
+    except SystemExit as e:  # Typer's own exits
         code = e.code
     except (KeyboardInterrupt, *aborts):
         code = 130
@@ -208,7 +256,7 @@ def main() -> None:
         code = _error(f"{e.format_message()}{hint}")
     except (ConfigError, EngineError, GGUFFormatError, BadLogits) as e:
         code = _error(e)
-    except BrokenPipeError:
+    except (BrokenPipeError, _ReaderGone):
         code = 0  # the reader (`| head`) has what it wanted
     except OSError as e:
         code = _error(f"{e.strerror or e}: {e.filename}" if e.filename else e)
@@ -224,6 +272,54 @@ def main() -> None:
     except BrokenPipeError:  # else Python reports it again at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     raise SystemExit(code or 0)
+
+
+class _Closed(io.TextIOBase):
+    """Stands in for a standard stream that was closed when localspec started (`<&-`, `>&-`):
+    reading or writing it is one `error:` line. Its descriptor holds /dev/null meanwhile, so that
+    no file opened later gets its number (and llama.cpp's prints would land in a model file)."""
+
+    encoding, errors = "utf-8", "strict"
+
+    def __init__(self, fd: int, name: str):
+        super().__init__()
+        self._fd, self._name = fd, name
+
+    def _refuse(self) -> ConfigError:
+        how = "from a file or /dev/null" if self._fd == 0 else "to a file, or to /dev/null to discard it"
+        return ConfigError(f"standard {self._name} is closed; redirect it {how}")
+
+    def read(self, *_) -> str:
+        raise self._refuse()
+
+    readline = read
+
+    def write(self, text) -> int:
+        if text:   # Click probes streams with an empty write
+            raise self._refuse()
+        return 0
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def buffer(self) -> "_Closed":
+        return self
+
+
+def _stand_in_for_closed_streams() -> None:
+    """Python sets sys.stdin/stdout/stderr to None when their descriptor was closed at start."""
+    for fd, attr, name in ((0, "stdin", "input"), (1, "stdout", "output"), (2, "stderr", "error")):
+        if getattr(sys, attr) is None:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            # Nothing can show errors when stderr is closed: they go to /dev/null, the exit code stays.
+            setattr(sys, attr, open(fd, "w", closefd=False) if fd == 2 else _Closed(fd, name))
 
 
 def _click_exceptions() -> tuple[tuple, tuple, tuple]:

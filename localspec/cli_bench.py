@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
             if max_tokens < 1:
                 raise ConfigError(f"max-tokens must be >= 1, got {max_tokens}")
             if compare is not None and compare not in bench.COMPARE:
-                raise ConfigError(f"--compare must be one of: {', '.join(bench.COMPARE)}; got {compare!r}")
+                raise ConfigError(f"--compare must be one of: {', '.join(bench.COMPARE)}; got {o.shown(compare)}")
             suite = bench.select_categories(bench.load_prompts(prompts), category)
             opts = o.resolve(options)  # -k is a sweep here, parsed above
             if ks is None:

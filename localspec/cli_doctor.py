@@ -9,6 +9,9 @@ import typer
 
 from localspec import cli_options as o
 
+MAX_SECONDS = 3600
+"""The longest calibration `--seconds` asks for: an hour measures α and costs many times over."""
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``doctor`` command to ``app``."""
@@ -29,8 +32,8 @@ def register(app: typer.Typer) -> None:
         from localspec.config import ConfigError
         from localspec.engine import EngineError
 
-        if seconds < 0:
-            o.fail(f"--seconds must be >= 0, got {seconds:g}")
+        if not 0 <= seconds <= MAX_SECONDS:   # false for nan too; inf would calibrate forever
+            o.fail(f"--seconds must be between 0 and {MAX_SECONDS}, got {seconds:g}")
         try:
             opts = o.resolve(options, drafter=drafter, temperature=temperature, seed=0)
             target_path, draft_path, drafters = _pair(opts.load, explicit=drafter)

@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from localspec.cli_options import fail
+from localspec.cli_options import fail, shown
+from localspec.history import MAX_ID   # SQLite's largest integer: beyond it sqlite3 raises OverflowError
 
 FORMATS = ("md", "json")
 
@@ -29,8 +30,8 @@ def register(app: typer.Typer) -> None:
         """List saved conversations, most recently updated first (`show`, `rm`, `export` below)."""
         if ctx.invoked_subcommand is not None:
             return
-        if limit < 0:
-            fail(f"--limit must be >= 0 (0 = all), got {limit}")
+        if not 0 <= limit <= MAX_ID:
+            fail(f"--limit must be between 0 (all) and 2^63 - 1, got {limit}")
         from localspec.export import local_time, summary_dict
 
         rows = _run(lambda store: store.list_conversations(limit or None))
@@ -82,7 +83,7 @@ def register(app: typer.Typer) -> None:
         from localspec import export
 
         if fmt not in FORMATS:
-            fail(f"format must be md or json, got {fmt!r}")
+            fail(f"format must be md or json, got {shown(fmt)}")
         conv = _get(conv_id)
         text = export.to_json(conv) if fmt == "json" else export.to_markdown(conv)
         if path == "-":
@@ -115,9 +116,9 @@ def _id(text: str) -> int:
     try:
         number = int(text)
     except ValueError:
-        fail(f"a conversation id is a number from `localspec history`, got {text!r}")
-    if number < 1:
-        fail(f"no conversation {number} (ids start at 1)")
+        fail(f"a conversation id is a number from `localspec history`, got {shown(text)}")
+    if not 1 <= number <= MAX_ID:
+        fail(f"no conversation {number} (ids run from 1 to 2^63 - 1)")
     return number
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
 import typer
 
 from .config import MAX_DRAFT, NEEDS_DRAFT, ConfigError, SamplingConfig
+from .defaults import MAX_SHOWN, shown
 
 Target = Annotated[Optional[str], typer.Option("--target", help="Target GGUF (default: embedded SmolLM2-135M F32).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF sharing the target's tokenizer.")]
@@ -81,10 +82,26 @@ def with_options(*groups: Mapping[str, Any]) -> Callable:
     return decorate
 
 
+MAX_LINE = 2000
+"""The most characters of an error line: a message longer than that lost its point long before."""
+
+
 def error_line(message: object) -> None:
-    """`error: …` on stderr, folded to one line."""
-    text = " ".join(str(message).split()) or type(message).__name__
-    typer.echo(f"error: {text}", err=True)
+    """`error: …` on stderr, folded to one line, every word (a value echoed whole: a path, a
+    number, a string without spaces) cut to MAX_SHOWN characters and the line to MAX_LINE."""
+    text = str(message)
+    if len(text) > 2 * MAX_LINE:   # never fold a huge text whole: the middle goes anyway
+        text = f"{text[:MAX_LINE]} … {text[-MAX_LINE:]}"
+    text = " ".join(_cut(word, MAX_SHOWN) for word in text.split()) or type(message).__name__
+    typer.echo(f"error: {_cut(text, MAX_LINE)}", err=True)
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text`, or its start and end with an ellipsis between when it is longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 1) // 2
+    return f"{text[:half]}…{text[len(text) - (limit - 1 - half):]}"
 
 
 def fail(message: object) -> NoReturn:
@@ -111,7 +128,7 @@ def parse_k(value: str | None) -> int | None:
     try:
         k = int(value)
     except ValueError:
-        fail(f"draft tokens (-k) must be a number or 'auto', got {value!r}")
+        fail(f"draft tokens (-k) must be a number or 'auto', got {shown(value)}")
     if not 0 <= k <= MAX_DRAFT:
         fail(f"draft tokens (-k) must be between 0 and {MAX_DRAFT}, got {k}")
     return k

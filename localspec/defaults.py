@@ -5,18 +5,22 @@ that reaches only the index can run localspec. The target is the same network re
 once, with llama.cpp's own quantize API: a "quantized self-draft", where the draft is a cheaper,
 lower-precision copy of the target. Their distributions are nearly identical, so exact rejection
 sampling accepts almost every draft token.
+
+Also the built-in bounds on what users hand in (`read_capped`, `shown`): prompts, suites, presets
+and the values echoed back in error messages.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import reprlib
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from .config import ConfigError
 
@@ -55,7 +59,10 @@ def cache_dir() -> Path:
 
 def in_cache(path: str | Path) -> bool:
     """Whether `path` is a file localspec made (a corrupt one is rebuilt once deleted)."""
-    return Path(path).expanduser().resolve().parent == cache_path().resolve()
+    try:
+        return Path(path).expanduser().resolve().parent == cache_path().resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13): not ours
+        return False
 
 
 def _package_file(module: str, relative: str) -> Path | None:
@@ -225,3 +232,42 @@ def default_pair(target: str | None, draft: str | None, want_draft: bool,
     if want_draft and not draft and not target:
         draft = str(default_draft_path(notice))
     return target or str(default_target_path(notice)), draft if want_draft else None
+
+
+# -- bounds on what users hand in -------------------------------------------------------------
+
+MAX_PROMPT_BYTES = 64 << 20
+"""The most `generate -` reads from stdin and `bench --prompts` from its file: 4 bytes per token of
+a 16M-token context, beyond the longest context models offer (10M). More is refused, so that
+`--prompts /dev/zero` ends with one line rather than filling the memory."""
+MAX_PRESET_BYTES = 1 << 20
+"""The most read of a preset file, which is a few lines of YAML."""
+MAX_SHOWN = 200
+"""The most characters of a user's value echoed into a message (`shown`)."""
+
+_shown = reprlib.Repr()
+_shown.maxstring = _shown.maxother = _shown.maxlong = MAX_SHOWN
+_shown.maxlevel = 3
+
+
+def shown(value: object) -> str:
+    """`repr(value)` in at most MAX_SHOWN characters, never built whole (reprlib): the repr of a
+    YAML alias bomb, a few hundred bytes of file, runs to gigabytes."""
+    try:
+        text = _shown.repr(value)
+    except ValueError:  # an int past Python's 4300-digit limit for turning ints into text
+        return f"a {type(value).__name__} too long to show"
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
+
+
+def read_capped(source: BinaryIO, limit: int, what: str) -> bytes:
+    """Everything `source` holds, or a ConfigError when it holds more than `limit` bytes (at most
+    limit + 1 are read, whatever the source: a pipe, /dev/zero)."""
+    data = source.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"{what} is over {_size(limit)}, more than localspec reads")
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"

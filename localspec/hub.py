@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from localspec.config import ConfigError
-from localspec.presets import ModelRef, Preset, load_preset, repo_id_problem
+from localspec.presets import ModelRef, Preset, file_name_problem, load_preset, repo_id_problem
 
 
 class ModelStatus(NamedTuple):
@@ -103,8 +103,9 @@ def pull(
         if problem:
             raise ConfigError(f"repo {problem}")
     if file is not None:
-        if not file.strip() or file.endswith("/"):
-            raise ConfigError(f"FILE must name a GGUF file in {preset_or_repo}, got {file!r}")
+        problem = file_name_problem(file)
+        if problem:
+            raise ConfigError(f"FILE {problem}")
         models = [("model", ModelRef(repo=preset_or_repo, file=file))]
     elif looks_like_repo:
         raise ConfigError(f"'{preset_or_repo}' looks like a repo id; name the GGUF too: localspec pull REPO FILE")

@@ -16,13 +16,17 @@ from typing import Any, Callable
 import yaml
 
 from localspec.config import DRAFTERS, NEEDS_DRAFT, ConfigError, SamplingConfig
-from localspec.defaults import EMBEDDED
-
-
+from localspec.defaults import EMBEDDED, MAX_PRESET_BYTES, read_capped, shown
 
 _TOP_FIELDS = {"description", "target", "draft", "drafter", "sampling", "k", "n_ctx", "note", "verified"}
 _OPTIONAL = {"draft", "note"}
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
+MAX_DEPTH = 16
+"""How deep a preset's YAML may nest (a real one: 3 levels). PyYAML builds nodes recursively, so a
+20,000-deep file would end in RecursionError."""
+MAX_ALIASES = 16
+"""How many aliases (`*name`) a preset may use: each may repeat a whole subtree, so a few dozen
+nested ones (an alias bomb) make a value whose text runs to gigabytes."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +111,10 @@ def load_preset(name_or_path: str | os.PathLike[str]) -> Preset:
     text = str(name_or_path)
     if text.endswith((".yaml", ".yml")) or os.sep in text or Path(text).is_file():
         path = Path(text)
-        if not path.is_file():
+        if not path.exists():   # a device or a FIFO exists; what it holds is read with a cap
             raise ConfigError(f"preset file {path} does not exist")
+        if path.is_dir():
+            raise ConfigError(f"preset file {path} is a folder")
         return _load_file(path)
     path = preset_dir() / f"{text}.yaml"
     if not path.is_file():
@@ -122,14 +128,37 @@ def load_preset(name_or_path: str | os.PathLike[str]) -> Preset:
 
 def _load_file(path: Path) -> Preset:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open("rb") as f:
+            text = read_capped(f, MAX_PRESET_BYTES, f"preset file {path}").decode("utf-8")
+        _check_shape(path, text)
+        data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: invalid YAML{where}: {e.problem or e.context}") from None
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+    except ConfigError:
+        raise
+    except (yaml.YAMLError, OSError, UnicodeDecodeError, ValueError) as e:
+        # ValueError: an integer past Python's 4300-digit limit
         raise ConfigError(f"{path}: cannot read preset: {e}".replace("\n", " ")) from None
     return _parse(path, data)
+
+
+def _check_shape(path: Path, text: str) -> None:
+    """Refuse YAML nested deeper than MAX_DEPTH or with more than MAX_ALIASES aliases, from the
+    parser's events (which keeps its own stack), before anything recursive builds it."""
+    depth = aliases = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels (a preset has 3)")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise ConfigError(f"{path}: more than {MAX_ALIASES} YAML aliases (*name); write the values out")
 
 
 def _parse(path: Path, data: Any) -> Preset:
@@ -142,7 +171,7 @@ def _parse(path: Path, data: Any) -> Preset:
 
     drafter = data["drafter"]
     if drafter not in DRAFTERS:
-        raise fail("drafter", f"must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+        raise fail("drafter", f"must be one of {', '.join(DRAFTERS)}, got {shown(drafter)}")
     target = _model_ref(data["target"], "target", fail)
     if target is None:
         raise fail("target", "must not be null")
@@ -163,14 +192,14 @@ def _parse(path: Path, data: Any) -> Preset:
 
     k = data["k"]
     if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-        raise fail("k", f"must be 'auto' or an integer >= 0, got {k!r}")
+        raise fail("k", f"must be 'auto' or an integer >= 0, got {shown(k)}")
     n_ctx = _integer(data["n_ctx"], "n_ctx", fail, 16)
 
     for field in ("description", "note"):
         if not isinstance(data.get(field, ""), str):
             raise fail(field, f"must be a string, got {_kind(data[field])}")
     if not isinstance(data["verified"], bool):
-        raise fail("verified", f"must be true or false, got {data['verified']!r}")
+        raise fail("verified", f"must be true or false, got {shown(data['verified'])}")
 
     return Preset(
         name=path.stem,
@@ -206,8 +235,8 @@ def _model_ref(value: Any, field: str, fail) -> ModelRef | None:
         raise fail(field, f"must be a mapping ({{repo, file}} or {{embedded}}), got {_kind(value)}")
     if "embedded" in value:
         _check_keys(value, {"embedded"}, {"embedded"}, f"{field}.", fail)
-        if value["embedded"] not in EMBEDDED:
-            raise fail(f"{field}.embedded", f"must be one of {', '.join(EMBEDDED)}, got {value['embedded']!r}")
+        if not isinstance(value["embedded"], str) or value["embedded"] not in EMBEDDED:
+            raise fail(f"{field}.embedded", f"must be one of {', '.join(EMBEDDED)}, got {shown(value['embedded'])}")
         return ModelRef(embedded=value["embedded"])
     _check_keys(value, {"repo", "file"}, {"repo", "file"}, f"{field}.", fail)
     repo, file = value["repo"], value["file"]
@@ -215,18 +244,21 @@ def _model_ref(value: Any, field: str, fail) -> ModelRef | None:
     if problem:
         raise fail(f"{field}.repo", problem)
     if not isinstance(file, str) or not file.endswith(".gguf"):
-        raise fail(f"{field}.file", f"must be a .gguf file name, got {file!r}")
+        raise fail(f"{field}.file", f"must be a .gguf file name, got {shown(file)}")
+    problem = file_name_problem(file)
+    if problem:
+        raise fail(f"{field}.file", problem)
     return ModelRef(repo=repo, file=file)
 
 
 def repo_id_problem(repo: Any) -> str | None:
     """Why `repo` is not a Hugging Face repo id 'owner/name' (None when it is one)."""
     if not isinstance(repo, str):
-        return f"must be a Hugging Face repo id 'owner/name', got {repo!r}"
+        return f"must be a Hugging Face repo id 'owner/name', got {shown(repo)}"
     if "://" in repo or repo.startswith("huggingface.co/"):
         parts = [p for p in repo.split("://")[-1].split("/")[1:] if p]
         guess = f"; did you mean '{parts[0]}/{parts[1]}'?" if len(parts) >= 2 else ""
-        return f"is a URL, not a repo id 'owner/name': {repo!r}{guess}"
+        return f"is a URL, not a repo id 'owner/name': {shown(repo)}{guess}"
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -235,19 +267,31 @@ def repo_id_problem(repo: Any) -> str | None:
         validate_repo_id(repo)
     except HFValidationError:
         return (f"must be a Hugging Face repo id 'owner/name' (letters, digits, '-', '_', '.'), "
-                f"got {repo!r}")
+                f"got {shown(repo)}")
+    return None
+
+
+def file_name_problem(file: str) -> str | None:
+    """Why `file` is not the name of a file inside a hub repo (None when it is one): a path
+    relative to the repo's top, with '/' between folders, that cannot climb out of it."""
+    parts = file.split("/")
+    if not file.strip() or file.endswith("/"):
+        return f"must name a file in the repo, got {shown(file)}"
+    # An empty part is "/" at the start (absolute) or "a//b"; "C:" starts a Windows drive path.
+    if "\\" in file or ".." in parts or "" in parts or file[1:2] == ":":
+        return f"must be a path inside the repo ('/' between folders, no '..'), got {shown(file)}"
     return None
 
 
 def _number(value: Any, field: str, fail, ok: Callable[[float], bool], rule: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise fail(field, f"must be a number {rule}, got {value!r}")
+        raise fail(field, f"must be a number {rule}, got {shown(value)}")
     return value
 
 
 def _integer(value: Any, field: str, fail, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise fail(field, f"must be an integer >= {minimum}, got {value!r}")
+        raise fail(field, f"must be an integer >= {minimum}, got {shown(value)}")
     return value
 
 

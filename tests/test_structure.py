@@ -10,7 +10,6 @@ import ast
 import sys
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # The installed name of each source folder (tui/ installs as localspec_tui, see pyproject.toml).
@@ -135,10 +134,53 @@ def test_the_installed_packages_have_names_of_their_own():
     assert cfg["package-dir"]["localspec_tui"] == "tui"
 
 
-@pytest.mark.parametrize("name", sorted(modules()))
-def test_a_long_module_says_why_at_its_top(name):
-    path = modules()[name]
-    text = path.read_text(encoding="utf-8")
-    if text.count("\n") > LONG_MODULE:
-        doc = ast.get_docstring(ast.parse(text)) or ""
-        assert "Long because" in doc, f"{path.name} has {text.count(chr(10))} lines and no 'Long because' at its top"
+LONG_MODULES = {
+    # module: (lines it may have at most, the reason it is allowed past LONG_MODULE)
+    "localspec.controller": (545, "one state machine (start-up, fallback, refresh, fits, warm start, "
+                                  "floors) over shared state; the layout issue splits it"),
+}
+"""The reviewed list of modules allowed over LONG_MODULE lines, each capped at its length when it was
+reviewed: growing past it, or another module growing past LONG_MODULE, needs a new review here.
+(A module's own docstring cannot grant this: anyone can write one.)"""
+
+
+def line_count(path: Path) -> int:
+    return path.read_text(encoding="utf-8").count("\n")
+
+
+def length_problems(lines: dict[str, int], allowed: dict[str, tuple[int, str]]) -> list[str]:
+    """What breaks the length rule: a module over its ceiling, and a listed one that no longer
+    needs its place (shrunk to LONG_MODULE or less, or gone)."""
+    problems = []
+    for name, n in sorted(lines.items()):
+        ceiling = allowed[name][0] if name in allowed else LONG_MODULE
+        if n > ceiling:
+            why = f"its reviewed ceiling is {ceiling}" if name in allowed else f"the limit is {LONG_MODULE}"
+            problems.append(f"{name} has {n} lines; {why} (split it, or review it into LONG_MODULES)")
+    for name in sorted(allowed):
+        if lines.get(name, 0) <= LONG_MODULE:
+            problems.append(f"{name} is listed in LONG_MODULES but has {lines.get(name, 0)} lines: remove it")
+    return problems
+
+
+def test_no_module_is_longer_than_its_review_allows():
+    lines = {name: line_count(path) for name, path in modules().items()}
+    assert length_problems(lines, LONG_MODULES) == []
+    assert all(reason.strip() for _, reason in LONG_MODULES.values())
+
+
+def test_the_length_check_has_teeth():
+    allowed = {"a": (500, "reviewed")}
+    assert length_problems({"a": 500, "b": LONG_MODULE}, allowed) == []
+    grown, unlisted, shrunk = (length_problems(lines, allowed) for lines in (
+        {"a": 501}, {"a": 500, "b": LONG_MODULE + 1}, {"a": LONG_MODULE}))
+    assert len(grown) == 1 and "a has 501 lines; its reviewed ceiling is 500" in grown[0]
+    assert len(unlisted) == 1 and unlisted[0].startswith(f"b has {LONG_MODULE + 1} lines; the limit is")
+    assert len(shrunk) == 1 and "remove it" in shrunk[0]
+
+
+def test_a_docstring_grants_no_length(tmp_path):
+    """The old escape: writing "Long because" at the top of a module let it grow without review."""
+    module = tmp_path / "m.py"
+    module.write_text('"""Long because it says so."""\n' + "x = 1\n" * LONG_MODULE, encoding="utf-8")
+    assert length_problems({"m": line_count(module)}, LONG_MODULES) != []
