@@ -27,6 +27,10 @@ def register(app: typer.Typer) -> None:
         cors_origin: Optional[List[str]] = typer.Option(
             None, "--cors-origin", help="Allow browser requests from this origin (repeatable; '*' = any). None: no CORS."),
         no_warm_start: o.NoWarmStart = False,
+        no_prefix_share: bool = typer.Option(
+            False, "--no-prefix-share",
+            help="Start every request from an empty KV cache: slower for chats that resend their history, but "
+                 "no client can learn (from cached_tokens or the prefill time) what another's prompt began with."),
     ) -> None:
         """Serve the model pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
         from dataclasses import replace
@@ -39,7 +43,7 @@ def register(app: typer.Typer) -> None:
             import uvicorn  # noqa: F401
         except ImportError as e:
             o.fail(f"localspec serve needs {e.name}: pip install 'localspec[serve]'")
-        from localspec import serve
+        from localspec import serve, serve_http
         from localspec.serve_api import Defaults
         from localspec.session import Session
 
@@ -62,18 +66,19 @@ def register(app: typer.Typer) -> None:
             seed = options["seed"] if options["seed"] is not None and options["seed"] >= 0 else None
             defaults = Defaults(opts.sampling, max_tokens=max_tokens, k=opts.k, seed=seed)
             try:
-                sock = serve.listen(host, port)
+                sock = serve_http.listen(host, port)
             except OSError as e:
                 raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
             session = Session.load(opts.load, lambda m: typer.echo(m, err=True))
             server = serve.Server(session, defaults, api_key=api_key, max_queue=max_queue,
-                                  cors_origins=tuple(cors_origin or ()), warm_start=not no_warm_start)
+                                  cors_origins=tuple(cors_origin or ()), warm_start=not no_warm_start,
+                                  prefix_share=not no_prefix_share)
             bound_host, bound_port = sock.getsockname()[:2]
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             typer.echo(f"localspec serve: http://{shown}:{bound_port}/v1 · model {server.model_id} · "
                        f"drafter {session.drafter_kind} · k {'auto' if opts.k is None else opts.k} · "
                        f"threads {session.target.n_threads} · Ctrl-C stops", err=True)
-            serve.run(server, sock)
+            serve_http.run(server, sock)
         except (ConfigError, EngineError) as e:
             o.fail(e)
         finally:

@@ -88,6 +88,10 @@ def generate_steps(
         raise ValueError("empty prompt")
     if rng is None:
         rng = np.random.default_rng(sampling.seed)
+    # Drafting draws from a stream of its own: what a drafter consumes (a draft model samples its
+    # tokens, lookup draws nothing) never shifts the acceptance draws, which stay `rng`'s. Seeded
+    # by one draw of `rng` (Generator.spawn would do, but needs numpy >= 1.25; 1.24 is allowed).
+    drafting = np.random.default_rng(rng.integers(1 << 63))
     if controller is None:
         controller = KController(
             decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free)
@@ -104,7 +108,7 @@ def generate_steps(
             k = 0
             if drafter is not None and room > 0:
                 k = drafter.plan(context, min(max(decode.k_max, decode.k or 0), room), controller)
-            draft = drafter.propose(context, k, sampling, rng) if k > 0 else None
+            draft = drafter.propose(context, k, sampling, drafting) if k > 0 else None
             drafted = draft.tokens if draft else []
             t1 = time.perf_counter()
             # A padded draft vocabulary can propose an id the target lacks: verify the part before

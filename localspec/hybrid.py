@@ -17,6 +17,12 @@ the model is tried while plain wins (its probes) and when a plain step must time
 
 In a mixed draft the acceptance rule sees q = one-hot at the lookup positions (lookup proposes
 without a distribution) and the model's distribution at the model positions.
+
+With a fixed k the split between lookup and model tokens reads only what this generation has
+learned (its own record, started afresh in `prepare`), never the controller's statistics, which
+outlive it (earlier requests of a server, the warm-start record). At T > 0 the text depends on
+who drafted each token (acceptance depends on q), so this is what makes a seeded fixed-k
+generation give the same text whatever ran before it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .controller import ALPHA_PRIOR
+from .controller import ALPHA_PRIOR, KController
 from .drafters import (LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup, best_lookup,
                        catchup_seconds, lookup_expectation)
 from .prefix import common_prefix
@@ -42,19 +48,22 @@ class Plan:
 PLAIN = Plan()
 
 
-def choose(controller, candidate: Sequence[int], classes: Sequence[int], lag: int, cap: int) -> Plan:
+def choose(controller, candidate: Sequence[int], classes: Sequence[int], lag: int, cap: int,
+           record=None) -> Plan:
     """The plan for this step. `candidate`/`classes`: lookup's proposal; `lag`: tokens the draft
-    model must read before drafting; `cap`: the most tokens this step may draft."""
+    model must read before drafting; `cap`: the most tokens this step may draft; `record`: whose
+    acceptance statistics split a fixed k (the controller's if None)."""
     k_model = controller.choose(cap, in_sync=lag <= SYNC_LAG)
     model = Plan("model", k_model) if k_model else PLAIN
     n = min(len(candidate), cap)
     if controller.fixed_k is not None:
         # k tokens whatever: each of the first positions goes to lookup while its token is more
         # likely accepted than the model's (by what each has earned), the rest to the model.
+        record = controller if record is None else record
         k = k_model
-        alpha = controller.alpha if controller.alpha is not None else ALPHA_PRIOR
+        alpha = record.alpha if record.alpha is not None else ALPHA_PRIOR
         m = 0
-        for rate in controller.lookup.rates(classes[:min(n, k)], optimism=LOOKUP_OPTIMISM):
+        for rate in record.lookup.rates(classes[:min(n, k)], optimism=LOOKUP_OPTIMISM):
             if rate < alpha:
                 break
             m += 1
@@ -108,10 +117,18 @@ class AutoDrafter:
         self._plan = PLAIN
         self._offered: tuple[int, list[int], list[int]] | None = None   # (at, candidate, classes)
         self._unused: tuple[int, list[int], list[int]] | None = None
+        self._own: KController | None = None   # this generation's record, for a fixed k
 
     def prepare(self, context: Sequence[int]) -> None:
         self.model.prepare(context)
         self.lookup.prepare(context)
+        # A new generation: the last one's candidate, scored now, would be a stale candidate at a
+        # stale offset, and its record must not decide this one's split.
+        self._plan, self._offered, self._unused, self._own = PLAIN, None, None, None
+
+    def _records(self, controller) -> list:
+        """Where the step's acceptance is learned: the controller, and this generation's record."""
+        return [controller] if self._own is None else [controller, self._own]
 
     def lag(self, context: Sequence[int]) -> int:
         return self.model.lag(context)
@@ -121,7 +138,9 @@ class AutoDrafter:
         self.lookup.limit(context, cap)
         candidate, classes = self.lookup.candidate()
         self._offered = (len(context), candidate, classes)
-        self._plan = choose(controller, candidate, classes, self.model.lag(context), cap)
+        if controller.fixed_k is not None and self._own is None:
+            self._own = KController(controller.k_max, fixed_k=controller.fixed_k)
+        self._plan = choose(controller, candidate, classes, self.model.lag(context), cap, self._own)
         return self._plan.k
 
     def propose(self, context, k, sampling, rng) -> Draft:
@@ -148,7 +167,8 @@ class AutoDrafter:
         self._unused = None
         emitted = context[at:at + len(candidate)]
         n = common_prefix(candidate, emitted)
-        controller.lookup.observe(classes[:len(emitted)], n)
+        for record in self._records(controller):
+            record.lookup.observe(classes[:len(emitted)], n)
 
     def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
         n = len(draft.tokens) if draft else 0
@@ -160,7 +180,8 @@ class AutoDrafter:
             return
         catchup = catchup_seconds(controller, draft)
         m = draft.n_lookup
-        if m:
-            controller.lookup.observe(draft.classes, min(n_accepted, m))
-        if n > m and n_accepted >= m:   # the model's tokens were reached: they were tested
-            controller.observe_draft(n - m, n_accepted - m, t_draft - catchup, catchup if m == 0 else 0.0)
+        for record in self._records(controller):
+            if m:
+                record.lookup.observe(draft.classes, min(n_accepted, m))
+            if n > m and n_accepted >= m:   # the model's tokens were reached: they were tested
+                record.observe_draft(n - m, n_accepted - m, t_draft - catchup, catchup if m == 0 else 0.0)

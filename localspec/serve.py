@@ -1,25 +1,29 @@
 """`localspec serve`: an OpenAI-compatible HTTP server (Starlette + uvicorn) over one loaded pair.
 
-One generation at a time. The event loop reads, checks and tokenizes requests; a generation runs
-`stream_text` in the single worker thread and hands its text to the loop through an asyncio queue
-(`loop.call_soon_threadsafe`). Further requests wait in a bounded FIFO (`max_queue`); when it is
-full a request is answered 503 with Retry-After at once. The target's KV cache is reused across
-requests by common prefix (`Model.sync` in the decoder), so a chat that resends its history only
-prefills the new turn; `usage.prompt_tokens_details.cached_tokens` says how much was reused.
+One generation at a time. The event loop reads and checks requests, and admits each to a bounded
+FIFO (`max_queue` places besides the running one) before rendering and tokenizing it in a thread
+of its own (one: a flood of admitted bodies cannot take every core); when the queue is full or the
+server is shutting down a request is answered 503 at once, before any of that work. A generation
+runs `stream_text` in the single worker thread and hands its text to the loop through an asyncio
+queue (`loop.call_soon_threadsafe`). The target's KV cache is reused across requests by common
+prefix (`Model.sync` in the decoder), so a chat that resends its history only prefills the new
+turn; `usage.prompt_tokens_details.cached_tokens` says how much was reused. That also tells a
+client, by the count and by the prefill time, how much of its prompt the previous client's shared:
+`prefix_share=False` (`--no-prefix-share`) starts every request from an empty cache instead.
 
 Each request gets a fresh drafter (`Session.make_drafter`; the draft model's own cache is reused
 the same way); the k controller lives as long as the server, one per temperature band (greedy,
 sampled), warm-started from the saved record and saved every SAVE_EVERY requests and at shutdown.
 A client that goes away stops its generation within one step: the worker checks a flag between
 steps and closes the stream, whose `finally` rewinds the caches to the accepted text.
-The API itself (parsing, refusals, response objects) is `localspec.serve_api`.
+The API itself (parsing, refusals, response objects) is `localspec.serve_api`; the HTTP plumbing
+(the API key, streams, disconnects, running uvicorn) `localspec.serve_http`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -38,11 +41,12 @@ from starlette.routing import Route
 
 from . import warmstart
 from .controller import KController
+from .conversation import prompt_fits
 from .engine import Cancelled
 from .prefix import common_prefix
 from .serve_api import ApiError, Defaults, Reply, parse, too_long
-from .serve_http import (CountRequests, EventStream, api_error, collect, http_error, internal_error, read_json, sse,
-                         watch_disconnect)
+from .serve_http import (CountRequests, EventStream, api_error, collect, http_error, internal_error, key_matches,
+                         read_json, sse, watch_disconnect)
 from .serve_metrics import Metrics
 from .stats import RunStats
 from .stream import stream_text
@@ -55,10 +59,10 @@ RETRY_AFTER = 2        # seconds, in the 503 of a full queue
 class Job:
     """One admitted request, between the event loop and the worker thread."""
 
-    prompt: list[int]
     sampling: object
     decode: object
     loop: asyncio.AbstractEventLoop
+    prompt: list[int] = field(default_factory=list)   # filled in once admitted
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -74,16 +78,18 @@ class Server:
     """The state of a running server: the session, the queue, the controllers, the counters."""
 
     def __init__(self, session, defaults: Defaults, *, api_key: str | None = None, max_queue: int = 16,
-                 cors_origins: tuple[str, ...] = (), warm_start: bool = True):
+                 cors_origins: tuple[str, ...] = (), warm_start: bool = True, prefix_share: bool = True):
         self.session = session
         self.defaults = defaults
         self.api_key = api_key
         self.max_queue = max_queue
+        self.prefix_share = prefix_share
         self.cors_origins = tuple(cors_origins)
         self.warm_start = warm_start
         self.model_id = Path(str(session.target.path)).stem
         self.metrics = Metrics()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
+        self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-tokenize")
         self._lock: asyncio.Lock | None = None   # made in the server's event loop
         self._queue: list[Job] = []   # admitted, waiting for the generation slot
         self._current: Job | None = None
@@ -116,7 +122,7 @@ class Server:
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+        if not key_matches(request.headers.get("authorization", ""), self.api_key):
             raise ApiError("invalid or missing API key: send 'Authorization: Bearer KEY'", status=401,
                            code="invalid_api_key", kind="authentication_error")
 
@@ -149,18 +155,22 @@ class Server:
     # ---- one request ----------------------------------------------------------------------------
     async def _complete(self, request: Request, chat: bool):
         self._authorize(request)
+        self._refuse_if_full()   # before reading a body that would only be refused
         req = parse(await read_json(request), self.defaults, chat)
         loop = asyncio.get_running_loop()
-        # A chat template over thousands of messages takes seconds: not on the event loop.
-        prompt = await loop.run_in_executor(None, self._tokens, req)
-        job = Job(prompt, req.sampling, req.decode, loop)
+        job = Job(req.sampling, req.decode, loop)
         self._admit(job)
-        watcher = asyncio.create_task(watch_disconnect(request, job.cancel))
+        watcher = asyncio.create_task(watch_disconnect(request.receive, job.cancel))
         try:
+            try:
+                # A chat template over thousands of messages takes seconds: not on the event loop.
+                job.prompt = await loop.run_in_executor(self._tokenizer, self._tokens, req)
+            except BaseException:
+                self._queue.remove(job)
+                raise
             await self._start(job)
             reply = Reply(chat, self.model_id)
-            if req.stream:
-                watcher.cancel()   # StreamingResponse listens for the disconnect itself
+            if req.stream:   # the stream watches for the disconnect from here on
                 return EventStream(self._events(job, reply, req.include_usage), job.cancel)
             text, result = await collect(job)
         finally:
@@ -191,22 +201,28 @@ class Server:
                                param="prompt", code="invalid_value")
         if not tokens:
             raise ApiError("the prompt is empty", param="prompt", code="invalid_value")
-        if len(tokens) >= target.n_ctx:
+        if not prompt_fits(len(tokens), target.n_ctx):
             raise too_long(len(tokens), target.n_ctx, req.chat)
         return tokens
 
-    def _admit(self, job: Job) -> None:
-        """Take a place in the queue, or refuse at once (503) when it is full or shutting down.
+    def _refuse_if_full(self) -> None:
+        """503 at once when shutting down, or when the running generation and the admitted
+        requests (waiting for the slot, or being tokenized) fill the slot and the queue's places.
         A waiting request whose client has gone no longer holds a place."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
         if self._closing:
             raise ApiError("the server is shutting down", status=503, kind="server_error", code="shutting_down")
+        busy = self._lock is not None and self._lock.locked()
         waiting = self._waiting
-        if self._lock.locked() and waiting >= self.max_queue:
-            raise ApiError(f"the server is busy: one generation runs and {waiting} requests wait "
-                           f"(--max-queue {self.max_queue}); retry later", status=503, kind="server_error",
+        if busy + waiting > self.max_queue:
+            raise ApiError(f"the server is busy: {'one generation runs and ' if busy else ''}{waiting} requests "
+                           f"wait (--max-queue {self.max_queue}); retry later", status=503, kind="server_error",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER)})
+
+    def _admit(self, job: Job) -> None:
+        """Take a place in the queue, or refuse (`_refuse_if_full`)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        self._refuse_if_full()
         self._queue.append(job)
 
     @property
@@ -269,6 +285,11 @@ class Server:
         session, target = self.session, self.session.target
         drafter = session.make_drafter()
         controller = self._controller(job.sampling.temperature, drafter)
+        if not self.prefix_share:
+            # Nothing of another client's prompt may shorten this prefill or show in cached_tokens.
+            for model in (target, session.draft):
+                if model is not None:
+                    model.truncate(0)
         cached = common_prefix(target.tokens, job.prompt[:-1])
         for model in (target, session.draft):
             if model is not None:
@@ -332,59 +353,8 @@ class Server:
     def close(self) -> None:
         """Wait for the worker, then save what the controllers learned (the session is the caller's)."""
         self.stop_generation()
+        self._tokenizer.shutdown(wait=True)
         self._executor.shutdown(wait=True)
         if self._since_save:
             self._maybe_save(force=True)
 
-
-# ---- running it --------------------------------------------------------------------------------
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn that stops the running generation as soon as shutdown is asked for."""
-
-    def __init__(self, config: uvicorn.Config, owner: Server):
-        super().__init__(config)
-        self.owner = owner
-
-    def handle_exit(self, sig, frame) -> None:
-        self.owner.stop_generation()
-        super().handle_exit(sig, frame)
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A bound, listening socket (port 0: a free one); OSError says why not."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except BaseException:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def make_uvicorn(server: Server, log_level: str = "warning") -> _Uvicorn:
-    config = uvicorn.Config(server.app(), log_level=log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=5)
-    return _Uvicorn(config, server)
-
-
-def run(server: Server, sock: socket.socket, log_level: str = "warning") -> None:
-    """Serve on `sock` until Ctrl-C / SIGTERM (blocks)."""
-    make_uvicorn(server, log_level).run(sockets=[sock])
-
-
-def start_in_thread(server: Server, sock: socket.socket) -> tuple[_Uvicorn, threading.Thread]:
-    """Serve from a background thread (tests); stop with `.should_exit = True` and join."""
-    uv = make_uvicorn(server)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True, name="localspec-serve")
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    return uv, thread

@@ -1,11 +1,17 @@
-"""The HTTP plumbing of `localspec serve` (Starlette): reading bodies, server-sent events,
-disconnects, OpenAI-style error answers, and counting answers for /metrics."""
+"""The HTTP plumbing of `localspec serve` (Starlette, uvicorn): the API key, reading bodies,
+server-sent events, disconnects, OpenAI-style error answers, counting answers for /metrics, and
+running uvicorn (in the foreground, or in a thread for the tests)."""
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
+import socket
 import threading
+import time
 
+import uvicorn
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -16,8 +22,19 @@ from .serve_metrics import Metrics
 MAX_BODY = 1 << 20     # bytes of a request body
 
 
+def key_matches(authorization: str, key: str) -> bool:
+    """Whether an Authorization header value is `Bearer KEY`: the scheme in any case (RFC 7235),
+    the key compared in constant time. On bytes: compare_digest refuses str with non-ASCII text
+    (a TypeError, a 500). Starlette decodes header bytes as latin-1, so encoding back gives the
+    bytes the client sent; a non-ASCII key matches its UTF-8 bytes."""
+    scheme, _, token = authorization.strip().partition(" ")
+    same = hmac.compare_digest(token.strip().encode("latin-1"), key.encode("utf-8"))
+    return same and scheme.lower() == "bearer"
+
+
 class EventStream(StreamingResponse):
-    """text/event-stream that cancels its job however the response ends (even unstarted)."""
+    """text/event-stream that cancels its job when the client leaves, and however the response
+    ends (even unstarted)."""
 
     def __init__(self, events, cancel: threading.Event):
         super().__init__(events, media_type="text/event-stream",
@@ -25,9 +42,14 @@ class EventStream(StreamingResponse):
         self.cancel = cancel
 
     async def __call__(self, scope, receive, send) -> None:
+        # Starlette (>= 0.42) listens for the disconnect only under ASGI spec < 2.4, leaving it to
+        # send() to fail; uvicorn 0.29-0.32 declare 2.4 and their send() returns silently once the
+        # client is gone. So the stream watches for itself, whichever versions run.
+        watcher = asyncio.create_task(watch_disconnect(receive, self.cancel))
         try:
             await super().__call__(scope, receive, send)
         finally:
+            watcher.cancel()
             self.cancel.set()
 
 
@@ -72,9 +94,10 @@ async def read_json(request: Request):
         raise ApiError("the request body nests too deeply", code="invalid_json") from None
 
 
-async def watch_disconnect(request: Request, cancel: threading.Event) -> None:
+async def watch_disconnect(receive, cancel: threading.Event) -> None:
+    """Set `cancel` when the ASGI `receive` channel says the client has gone (after the body)."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             cancel.set()
             return
@@ -112,3 +135,57 @@ async def collect(job) -> tuple[str, dict]:
                            kind="server_error", code="cancelled")
         else:
             return "".join(parts), value
+
+
+# ---- running uvicorn ---------------------------------------------------------------------------
+
+class Uvicorn(uvicorn.Server):
+    """uvicorn that stops the running generation as soon as shutdown is asked for."""
+
+    def __init__(self, config: uvicorn.Config, owner):
+        super().__init__(config)
+        self.owner = owner
+
+    def handle_exit(self, sig, frame) -> None:
+        self.owner.stop_generation()
+        super().handle_exit(sig, frame)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket (port 0: a free one); OSError says why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_uvicorn(server, log_level: str = "warning") -> Uvicorn:
+    """uvicorn over `server` (a localspec.serve.Server: its app, stopped by stop_generation)."""
+    config = uvicorn.Config(server.app(), log_level=log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=5)
+    return Uvicorn(config, server)
+
+
+def run(server, sock: socket.socket, log_level: str = "warning") -> None:
+    """Serve on `sock` until Ctrl-C / SIGTERM (blocks)."""
+    make_uvicorn(server, log_level).run(sockets=[sock])
+
+
+def start_in_thread(server, sock: socket.socket) -> tuple[Uvicorn, threading.Thread]:
+    """Serve from a background thread (tests); stop with `.should_exit = True` and join."""
+    uv = make_uvicorn(server)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True, name="localspec-serve")
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    return uv, thread

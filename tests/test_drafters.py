@@ -1,4 +1,5 @@
-"""Prompt lookup on plain token lists (no model needed)."""
+"""Prompt lookup on plain token lists (no model needed), and what a drafter's random draws may
+change (on the real target)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,28 @@ def test_common_prefix():
     a = list(range(1000))
     b = a[:617] + [-1] + a[618:]
     assert common_prefix(a, b) == 617
+
+
+class DrawingLookup(PromptLookup):
+    """Prompt lookup that draws random numbers as it drafts, as a draft model sampling does."""
+
+    def propose(self, context, k, sampling, rng):
+        rng.random(7)
+        return super().propose(context, k, sampling, rng)
+
+
+def test_what_a_drafter_draws_never_shifts_the_acceptance_draws(target):
+    """Drafting has a random stream of its own: the same seed gives the same text whether the
+    drafter drew numbers or not (both drafts are the same lookup tokens, so only the draws differ)."""
+    from localspec.config import DecodeConfig
+    from localspec.decoder import generate_steps
+
+    prompt = target.tokenize("The cat sat on the mat. The dog sat on the rug. The cat sat on the mat. The dog")
+    cfg = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    runs = []
+    for drafter in (PromptLookup(), DrawingLookup()):
+        steps = list(generate_steps(target, drafter, prompt, cfg, DecodeConfig(max_tokens=24, k=3),
+                                    rng=np.random.default_rng(5)))
+        runs.append(([t for s in steps for t in s.tokens], sum(s.n_drafted for s in steps)))
+    assert runs[0][1] > 0, "lookup drafted nothing: the test would prove nothing"
+    assert runs[0] == runs[1]

@@ -1,5 +1,6 @@
-"""`auto`'s per-step choice (localspec.hybrid.choose) on a KController fed synthetic measurements:
-no model needed. Costs are in milliseconds-as-seconds; what matters is their ratios."""
+"""`auto`'s per-step choice (localspec.hybrid.choose) on a KController fed synthetic measurements.
+Costs are in milliseconds-as-seconds; what matters is their ratios. Only the tests of what
+`AutoDrafter.prepare` starts afresh use a model (the real draft, whose cache `prepare` fills)."""
 
 from __future__ import annotations
 
@@ -68,10 +69,13 @@ def test_catching_up_on_a_cpu_makes_the_model_pay_for_its_lag():
 
 def test_nothing_pays_on_a_steep_cpu_with_a_poor_model_and_no_match():
     c = trained(cpu, 0.02, 0.2)
+    plans = []
     for _ in range(10):
-        plan = choose(c, [], [], lag=0, cap=12)
-    assert plan == PLAIN or plan.source == "model"   # plain, or one of the controller's probes
-    assert plan.k <= 4
+        plans.append(choose(c, [], [], lag=0, cap=12))
+        # no candidate: the plan is the controller's own choice, a probe or plain, nothing else
+        assert plans[-1] == (Plan("model", c.last_k) if c.last_k else PLAIN)
+    # even full acceptance would lose to plain here, so its probes are HOPELESS_EVERY steps apart
+    assert plans == [PLAIN] * 10
 
 
 def test_start_up_and_plain_refresh_are_the_controllers():
@@ -105,3 +109,40 @@ def test_a_candidate_the_step_did_not_use_is_scored_against_what_was_emitted():
     assert c.lookup.trials == 4                     # its own trial (one miss), nothing more
     auto._score_unused([1, 2, 3, 7, 8, 4, 6], c)
     assert c.lookup.trials == 4
+
+
+COPY = list(range(100, 130)) + [7, 7] + list(range(100, 120))   # the text is copying its start
+
+
+def test_a_fixed_k_split_reads_only_this_generations_record(draft):
+    """With a fixed k, what an earlier generation taught the controller (lookup failing, the model
+    accepted) must not change this one's split: at T > 0 the text depends on who drafted."""
+    from localspec.drafters import ModelDrafter
+    from localspec.hybrid import AutoDrafter
+
+    fresh, worn = KController(12, fixed_k=4), KController(12, fixed_k=4)
+    for _ in range(100):
+        worn.lookup.observe([class_of(16, False)] * 4, 0)
+        worn.observe_draft(4, 4, 0.004)
+    plans = []
+    for controller in (fresh, worn):
+        auto = AutoDrafter(ModelDrafter(draft))
+        auto.prepare(COPY)
+        auto.plan(COPY, 12, controller)
+        plans.append(auto._plan)
+    assert plans[0] == plans[1] == Plan("lookup", 4, 4), plans   # a long copy, judged by its prior
+
+
+def test_a_new_generation_does_not_score_the_last_ones_unused_candidate(draft):
+    from localspec.drafters import Draft, ModelDrafter
+    from localspec.hybrid import AutoDrafter
+
+    c = KController(12)
+    auto = AutoDrafter(ModelDrafter(draft))
+    auto.prepare(COPY[:4])
+    auto._offered = (3, [120, 121, 122], [SHORT] * 3)
+    auto.learn(c, 2, Draft([9, 9], source="model"), 0, 0.01, 0.02)   # the model served the last step
+    trials = c.lookup.trials
+    auto.prepare(COPY)          # the next generation: other tokens at that offset
+    auto.plan(COPY, 4, c)
+    assert c.lookup.trials == trials
