@@ -112,10 +112,15 @@ def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
     return prompts
 
 
+def categories_of(prompts: Sequence[BenchPrompt]) -> list[str]:
+    """The suite's categories, in the order they first appear."""
+    return list(dict.fromkeys(p.category for p in prompts))
+
+
 def select_categories(prompts: list[BenchPrompt], categories: Sequence[str] | None) -> list[BenchPrompt]:
     if not categories:
         return prompts
-    known = list(dict.fromkeys(p.category for p in prompts))
+    known = categories_of(prompts)
     for c in categories:
         if c not in known:
             raise ConfigError(f"no prompts in category {shown(c)}; the suite has: {', '.join(known)}")
@@ -304,7 +309,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         for ref in refs.values():
             ref.close()
 
-    categories = list(dict.fromkeys(p.category for p in prompts))
+    categories = categories_of(prompts)
     lookup_used = lookup_n if opts.compare else None
     return {
         "schema": SCHEMA,

@@ -262,6 +262,7 @@ def format_report(report: dict) -> str:
                      f"{_f(o['plain']['latency_ms']['p99'])} ms · prefill {_prefill(o['plain'])} plain, "
                      f"{_prefill(s)} spec{match}")
     lines += _auto_table(report)
+    lines += _lost(report)
     ref = report["overall"]["reference"]
     if ref:
         lines += ["", f"llama-cpp-python (Llama.generate, same GGUF and threads; lookup = LlamaPromptLookupDecoding, "
@@ -308,18 +309,31 @@ def _auto_table(report: dict) -> list[str]:
     for auto, model, lookup in pairs:
         if model not in keys or lookup not in keys:
             continue
-        rows = [["category", "plain t/s", "model t/s", "lookup t/s", "auto t/s", "× best single", "× model",
-                 "auto steps by"]]
+        # "× best single" alone reads as a win when every speculative variant lost to plain
+        # decoding: "× plain" stands next to it.
+        rows = [["category", "plain t/s", "model t/s", "lookup t/s", "auto t/s", "× best single", "× plain",
+                 "× model", "auto steps by"]]
         for group, g in _groups(report):
             a, m, lk = g["spec"][auto], g["spec"][model], g["spec"][lookup]
             best = max(m["tokens_per_second"] or 0.0, lk["tokens_per_second"] or 0.0)
             rows.append([group, _f(g["plain"]["tokens_per_second"]), _f(m["tokens_per_second"]),
                          _f(lk["tokens_per_second"]), _f(a["tokens_per_second"]),
-                         _f(_ratio(a["tokens_per_second"], best), ".2f") + "×",
+                         _f(_ratio(a["tokens_per_second"], best), ".2f") + "×", _f(a["speedup"], ".2f") + "×",
                          _f(_ratio(a["tokens_per_second"], m["tokens_per_second"]), ".2f") + "×",
                          served(a["drafters"])])
         lines += ["", f"auto against each drafter alone ({auto})"] + _table(rows)
     return lines
+
+
+def _lost(report: dict) -> list[str]:
+    """One plain line naming each speculative variant that was slower than plain decoding overall
+    (the tables' ratios are easy to misread on a busy machine, where speculation can lose)."""
+    drafter = report["config"]["drafter"]
+    lost = [f"{key if drafter == 'auto' else f'{drafter} k={key}'} {s['speedup']:.2f}× plain"
+            for key, s in report["overall"]["spec"].items() if s["speedup"] is not None and s["speedup"] < 1]
+    if not lost:
+        return []
+    return ["", f"speculation lost: {', '.join(lost)} (overall tokens/s: plain decoding was faster in this run)"]
 
 
 def _prefill(s: dict) -> str:

@@ -26,7 +26,12 @@ class _ReaderGone(Exception):
 
 class _Group(TyperGroup):
     """The root command: a BrokenPipeError from any command becomes `_ReaderGone` here, inside
-    Click's main, whose own handler would otherwise turn it into exit code 1."""
+    Click's main, whose own handler would otherwise turn it into exit code 1. Its help and that of
+    every command under it show one style of placeholder (`cli_options.plain_placeholders`)."""
+
+    def __init__(self, **attrs):
+        super().__init__(**attrs)
+        o.plain_placeholders(self)
 
     def invoke(self, ctx):
         try:
@@ -73,8 +78,8 @@ def generate(
     chat: o.ChatTemplate = True,
     special: bool = typer.Option(
         True, "--special/--no-special",
-        help="With --raw: read special-token text such as <|im_start|> as those tokens (default, as "
-             "llama.cpp does) or as plain text."),
+        help="With --raw: read special-token text such as <|im_start|> as those tokens, as llama.cpp "
+             "does, or as plain text."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat mode)."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     no_warm_start: o.NoWarmStart = False,

@@ -6,14 +6,32 @@ import json
 from typing import List, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from localspec import cli_options as o
+
+CATEGORY_HELP = "Only this category (repeatable): {names} in the built-in suite, or those of --prompts."
+
+
+class _BenchCommand(TyperCommand):
+    """`bench`, whose --category help names the categories of the built-in suite, read from the
+    suite itself when the help is shown: reading it on registering would load the bench module
+    (and numpy) at every start of `localspec`, whichever command runs."""
+
+    def format_help(self, ctx, formatter):
+        from localspec import bench
+
+        names = ", ".join(bench.categories_of(bench.load_prompts()))
+        for param in self.params:
+            if param.name == "category":
+                param.help = CATEGORY_HELP.format(names=names)
+        return super().format_help(ctx, formatter)
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``bench`` command to ``app``."""
 
-    @app.command("bench")
+    @app.command("bench", cls=_BenchCommand)
     @o.with_options(o.MODELS, o.SAMPLING)
     def bench_command(
         options: dict = None,
@@ -24,8 +42,8 @@ def register(app: typer.Typer) -> None:
         max_tokens: o.MaxTokens = 128,
         chat: o.ChatTemplate = True,
         prompts: Optional[str] = typer.Option(
-            None, "--prompts", metavar="FILE.jsonl",
-            help='Your own suite: one {"category": ..., "prompt": ..., "max_tokens": N} per line.',
+            None, "--prompts", metavar="FILE",
+            help='Your own suite, JSON lines: one {"category": ..., "prompt": ..., "max_tokens": N} per line.',
         ),
         repeat: int = typer.Option(1, "--repeat", help="Run the suite N times."),
         category: Optional[List[str]] = typer.Option(None, "--category", help="Only this category (repeatable)."),

@@ -12,35 +12,42 @@ import functools
 import inspect
 import os
 import secrets
+import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
 
 import typer
 
 from .config import MAX_DRAFT, NEEDS_DRAFT, ConfigError, SamplingConfig
-from .defaults import MAX_SHOWN, shown
+from .defaults import MAX_SHOWN, TARGET_FILE, shown
 
-Target = Annotated[Optional[str], typer.Option("--target", help="Target GGUF (default: embedded SmolLM2-135M F32).")]
+Target = Annotated[Optional[str], typer.Option(
+    "--target", help=f"Target GGUF (default: {TARGET_FILE}, the embedded model, made once into the cache).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF sharing the target's tokenizer.")]
 Drafter = Annotated[Optional[str], typer.Option(
     "--drafter", help="auto | model | lookup | none (default: auto when a draft is available, else lookup).")]
 DraftTokens = Annotated[Optional[str], typer.Option(
     "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default).")]
-Temperature = Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy (default 0.8).")]
-TopK = Annotated[Optional[int], typer.Option("--top-k", help="Top-k truncation, 0 = off (default 40).")]
-TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus truncation, 1 = off (default 0.95).")]
-MinP = Annotated[Optional[float], typer.Option("--min-p", help="Min-p truncation, 0 = off (default 0.05).")]
+# The sampling defaults are SamplingConfig's, which `resolve_options` applies.
+Temperature = Annotated[Optional[float], typer.Option(
+    "--temperature", help=f"0 = greedy (default {SamplingConfig.temperature:g}).")]
+TopK = Annotated[Optional[int], typer.Option(
+    "--top-k", help=f"Top-k truncation, 0 = off (default {SamplingConfig.top_k}).")]
+TopP = Annotated[Optional[float], typer.Option(
+    "--top-p", help=f"Nucleus truncation, 1 = off (default {SamplingConfig.top_p:g}).")]
+MinP = Annotated[Optional[float], typer.Option(
+    "--min-p", help=f"Min-p truncation, 0 = off (default {SamplingConfig.min_p:g}).")]
 Seed = Annotated[Optional[int], typer.Option(
     "--seed", help="Random seed; -1 or none = random (the seed used is reported in --json).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Stop after this many tokens.")]
 NCtx = Annotated[Optional[int], typer.Option("--n-ctx", help="Context length (default 4096).")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: this machine's cores).")]
 TargetGpuLayers = Annotated[Optional[int], typer.Option(
-    "--target-gpu-layers", help="Target layers on the GPU (-1 = all).")]
+    "--target-gpu-layers", help="Target layers on the GPU, -1 = all (default -1).")]
 DraftGpuLayers = Annotated[Optional[int], typer.Option(
-    "--draft-gpu-layers", help="Draft layers on the GPU (-1 = all).")]
+    "--draft-gpu-layers", help="Draft layers on the GPU, -1 = all (default -1).")]
 ChatTemplate = Annotated[bool, typer.Option(
-    "--chat/--raw", help="Apply the GGUF's chat template (default) or send raw text.")]
+    "--chat/--raw", help="Apply the GGUF's chat template, or send raw text.")]
 Preset = Annotated[Optional[str], typer.Option(
     "--preset", help="Model preset from `localspec models`; flags override it.")]
 NoWarmStart = Annotated[bool, typer.Option(
@@ -80,6 +87,56 @@ def with_options(*groups: Mapping[str, Any]) -> Callable:
         return command
 
     return decorate
+
+
+def plain_placeholders(command: Any) -> None:
+    """One style of placeholder in `command`'s help and usage lines, and in those of its
+    subcommands: an argument is its name in capitals, in brackets when it may be left out
+    (PROMPT, ID, [FILE]); an option's value is its metavar (FILE, or the literal values it takes)
+    or else its type as Click names it (INTEGER, FLOAT, TEXT); a flag has none. Typer's own
+    (`<bool>` on every flag, `{prompt}` beside `{ID}`, `[[FILE]]`) says less and changes between
+    its releases; the root command applies this once, to every command, at start."""
+    for param in command.params:
+        _plain(param)
+    context = getattr(command, "context_class", None)
+    if context is not None and hasattr(command, "get_help_option"):   # --help, made per command
+        help_option = command.get_help_option(context(command))
+        if help_option is not None:
+            _plain(help_option)
+    for sub in getattr(command, "commands", {}).values():
+        plain_placeholders(sub)
+
+
+def _plain(param: Any) -> None:
+    if param.param_type_name == "argument":
+        raw = (param.metavar or param.name or "").strip("[]{}")
+        label = raw if "|" in raw else raw.upper()   # md|json: the literal values, as typed
+        shown = (label if param.required else f"[{label}]") + ("..." if param.nargs != 1 else "")
+        param.metavar = label
+        # The usage line: Typer wraps a required argument in braces, and Click's older releases
+        # show a metavar as given, brackets or not.
+        param.get_usage_pieces = lambda ctx: [shown]
+        if hasattr(param, "display_type_rich"):   # Typer's type column (`<str>`) beside the name
+            param.display_type_rich = lambda ctx: None
+    elif getattr(param, "is_flag", False) or getattr(param, "count", False):
+        param.metavar = ""
+    elif param.metavar is None:
+        param.metavar = _value_name(param)
+
+
+_TYPE_NAMES = {int: "INTEGER", float: "FLOAT", str: "TEXT"}
+"""Click's names of the value types options take."""
+
+
+def _value_name(param: Any) -> str | None:
+    """INTEGER, FLOAT or TEXT for an option's value; None (Typer's own display) for choices."""
+    kind = getattr(param, "type", None)
+    if kind is not None:   # Typer on Click: a Click ParamType
+        return None if hasattr(kind, "choices") else kind.name.upper()
+    described = param.type_descriptor   # Typer with its own Click: the annotation itself
+    if described.is_choice:
+        return None
+    return _TYPE_NAMES.get(typing.get_args(described.annotation)[0] if described.is_list else described.annotation)
 
 
 MAX_LINE = 2000

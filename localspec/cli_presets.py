@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps([_preset_json(p, status) for p, status in rows], indent=2))
             return
-        table = [("PRESET", "DRAFTER", "TARGET", "DRAFT", "DOWNLOADED", "VERIFIED")]
+        table = [("PRESET", "DRAFTER", "TARGET", "DRAFT", "DOWNLOADED", "SIZE", "VERIFIED")]
         for p, status in rows:
             table.append((
                 p.name,
@@ -36,17 +36,21 @@ def register(app: typer.Typer) -> None:
                 _short(p.target),
                 _short(p.draft) if p.draft else "-",
                 _downloaded(status),
+                _size(status),
                 "yes" if p.verified else "no",
             ))
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         for row in table:
             typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        typer.echo("\nDownload a preset's models with `localspec pull PRESET`.")
+        typer.echo("\nSIZE: of the preset's files in the Hugging Face cache (built-in models are made or fetched "
+                   "on first use).\nVERIFIED: yes when the repo ids and file names were checked against the hub; "
+                   "no when they are unconfirmed (`pull` may not find them).\n"
+                   "Download a preset's models with `localspec pull PRESET`.")
 
     @app.command("pull")
     def pull_command(
         preset_or_repo: str = typer.Argument(..., metavar="PRESET_OR_REPO", help="Preset name, or a HF repo id."),
-        file: Optional[str] = typer.Argument(None, metavar="[FILE]", help="GGUF file in the repo, with a repo id."),
+        file: Optional[str] = typer.Argument(None, metavar="FILE", help="GGUF file in the repo, with a repo id."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show download progress bars."),
     ) -> None:
         """Download a preset's models (or one REPO FILE) into the Hugging Face cache."""
@@ -66,18 +70,24 @@ def _short(ref) -> str:
 
 
 def _downloaded(status) -> str:
-    """``built-in``, ``yes (size)``, ``no``, or which of the two is there."""
+    """``built-in``, ``yes``, ``no``, or which of the two is there."""
     hub_rows = [s for s in status if not s.ref.embedded]
     if not hub_rows:
         return "built-in"
     have = [s for s in hub_rows if s.present]
     if len(have) == len(hub_rows):
-        from localspec.hub import format_size
-
-        return f"yes ({format_size(sum(s.size_bytes or 0 for s in have))})"
+        return "yes"
     if not have:
         return "no"
     return "only " + ", ".join(s.role for s in have)
+
+
+def _size(status) -> str:
+    """The bytes of the preset's files on disk, or ``-`` when none is (or only built-in ones)."""
+    from localspec.hub import format_size
+
+    sizes = [s.size_bytes for s in status if s.size_bytes is not None]
+    return format_size(sum(sizes)) if sizes else "-"
 
 
 def _preset_json(p, status) -> dict:

@@ -69,10 +69,11 @@ def register(app: typer.Typer) -> None:
                 sock = serve_http.listen(host, port)
             except OSError as e:
                 raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-            session = Session.load(opts.load, lambda m: typer.echo(m, err=True))
+            notice = lambda m: typer.echo(m, err=True)  # noqa: E731
+            session = Session.load(opts.load, notice)
             server = serve.Server(session, defaults, api_key=api_key, max_queue=max_queue,
                                   cors_origins=tuple(cors_origin or ()), warm_start=not no_warm_start,
-                                  prefix_share=not no_prefix_share)
+                                  prefix_share=not no_prefix_share, log=notice)
             bound_host, bound_port = sock.getsockname()[:2]
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             typer.echo(f"localspec serve: http://{shown}:{bound_port}/v1 · model {server.model_id} · "

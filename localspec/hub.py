@@ -117,13 +117,26 @@ def pull(
         if missing:
             raise ConfigError(_by_hand(missing, "offline mode (HF_HUB_OFFLINE) is on", None))
     paths = []
-    for role, ref in models:
+    for i, (role, ref) in enumerate(models):
         if ref.embedded:
             notice(f"{role}: {ref.embedded} is built into localspec; nothing to download from the hub "
                    "(it comes from the Python package index on first use)")
             continue
-        paths.append(_fetch(role, ref, progress, notice))
+        try:
+            paths.append(_fetch(role, ref, progress, notice))
+        except _Unreachable as e:
+            # The hub is out of reach for the files after this one too: name every missing one.
+            rest = [(r, m) for r, m in models[i + 1:] if not m.embedded and cached_file(m.repo, m.file) is None]
+            raise ConfigError(_by_hand([(role, ref), *rest], e.reason, e.size)) from None
     return paths
+
+
+class _Unreachable(Exception):
+    """`_fetch` could not reach the hub for a file (`reason`; `size` when its metadata came)."""
+
+    def __init__(self, reason: str, size: int | None):
+        super().__init__(reason)
+        self.reason, self.size = reason, size
 
 
 def _fetch(role: str, ref: ModelRef, progress: bool, notice) -> Path:
@@ -152,12 +165,12 @@ def _fetch(role: str, ref: ModelRef, progress: bool, notice) -> Path:
         raise ConfigError(f"repo {ref.repo} has no 'main' revision") from None
     except (hf.LocalEntryNotFoundError, hf.OfflineModeIsEnabled):
         # Raised by the library when it cannot reach the hub and the file is not cached.
-        raise ConfigError(_by_hand([(role, ref)], "cannot reach the Hugging Face hub", size)) from None
+        raise _Unreachable("cannot reach the Hugging Face hub", size) from None
     except hf.EntryNotFoundError:
         raise ConfigError(f"file {ref.file} not found in repo {ref.repo}") from None
     except Exception as e:  # network errors differ across library versions (requests / httpx)
-        reason = f"download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})"
-        raise ConfigError(_by_hand([(role, ref)], reason, size)) from None
+        raise _Unreachable(f"download failed ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else 'no detail'})", size) from None
     finally:
         if not progress and not was_disabled:
             hf.enable_progress_bars()
@@ -166,8 +179,10 @@ def _fetch(role: str, ref: ModelRef, progress: bool, notice) -> Path:
 
 
 def _by_hand(models: list[tuple[str, ModelRef]], reason: str, size: int | None) -> str:
-    """One line: what would be downloaded and how to put it in place without this machine's network."""
-    wanted = ", ".join(f"{role} {ref.repo}/{ref.file}" for role, ref in models)
+    """One line: what would be downloaded and how to put it in place without this machine's network
+    (`size`: the first file's, when known)."""
+    wanted = ", ".join(f"{role} {ref.repo}/{ref.file}" + (f" ({format_size(size)})" if size and i == 0 else "")
+                       for i, (role, ref) in enumerate(models))
     commands = "; ".join(f"`{_cli()} download {ref.repo} {ref.file}`" for _, ref in models)
     folders = ("folder " if len(models) == 1 else "folders ") + ", ".join(
         "models--" + ref.repo.replace("/", "--") for _, ref in models
@@ -177,7 +192,7 @@ def _by_hand(models: list[tuple[str, ModelRef]], reason: str, size: int | None) 
     flags = " / ".join(dict.fromkeys(flag_of.get(role, "--target/--draft") for role, _ in models))
     it, files = ("them", "files") if len(models) > 1 else ("it", "file")
     return (
-        f"{reason}; would download {wanted}{f' ({format_size(size)})' if size else ''}. "
+        f"{reason}; would download {wanted}. "
         f"To place {it} by hand: on a machine with network run {commands} "
         f"and copy the cache {folders} into {cache_dir()}, "
         f"or fetch {urls} and pass the {files} with {flags} PATH"

@@ -29,6 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from starlette.applications import Starlette
@@ -65,6 +66,7 @@ class Job:
     prompt: list[int] = field(default_factory=list)   # filled in once admitted
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    result: dict | None = None   # the final statistics, set by the worker before "done" (for the log)
 
     def emit(self, kind: str, value) -> None:
         """From the worker: hand (kind, value) to the request's coroutine."""
@@ -78,8 +80,10 @@ class Server:
     """The state of a running server: the session, the queue, the controllers, the counters."""
 
     def __init__(self, session, defaults: Defaults, *, api_key: str | None = None, max_queue: int = 16,
-                 cors_origins: tuple[str, ...] = (), warm_start: bool = True, prefix_share: bool = True):
+                 cors_origins: tuple[str, ...] = (), warm_start: bool = True, prefix_share: bool = True,
+                 log: Callable[[str], None] | None = None):
         self.session = session
+        self.log = log   # one line per answer and one at shutdown; None: silent (the tests' servers)
         self.defaults = defaults
         self.api_key = api_key
         self.max_queue = max_queue
@@ -96,6 +100,8 @@ class Server:
         self._closing = False
         self._controllers: dict[str, KController] = {}
         self._since_save = 0
+        self._closed = False
+        self.answered = 0   # HTTP answers, for the line at shutdown
 
     # ---- the ASGI application -------------------------------------------------------------------
     def app(self) -> Starlette:
@@ -106,7 +112,7 @@ class Server:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
         ]
-        middleware = [Middleware(CountRequests, metrics=self.metrics)]
+        middleware = [Middleware(CountRequests, metrics=self.metrics, log=self._log_answer if self.log else None)]
         if self.cors_origins:
             middleware.append(Middleware(CORSMiddleware, allow_origins=list(self.cors_origins),
                                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
@@ -160,6 +166,7 @@ class Server:
         loop = asyncio.get_running_loop()
         job = Job(req.sampling, req.decode, loop)
         self._admit(job)
+        request.state.job = job   # for the request's log line
         watcher = asyncio.create_task(watch_disconnect(request.receive, job.cancel))
         try:
             try:
@@ -317,10 +324,9 @@ class Server:
             stream.close()   # rewinds the caches to the accepted text before anything else runs
             self.metrics.generated(stats, finish)
             self._maybe_save()
-        summary = stats.summary()
-        job.emit("done", {**summary, "finish": finish, "n_prompt": len(job.prompt), "n_cached": cached,
-                          "prefill_seconds": prefill, "drafter": session.drafter_kind,
-                          "seed": job.sampling.seed})
+        job.result = {**stats.summary(), "finish": finish, "n_prompt": len(job.prompt), "n_cached": cached,
+                      "prefill_seconds": prefill, "drafter": session.drafter_kind, "seed": job.sampling.seed}
+        job.emit("done", job.result)
 
     def _controller(self, temperature: float, drafter) -> KController:
         band = warmstart.band(temperature)
@@ -357,4 +363,12 @@ class Server:
         self._executor.shutdown(wait=True)
         if self._since_save:
             self._maybe_save(force=True)
+        if self.log is not None and not self._closed:
+            n = self.answered
+            self.log(f"localspec: stopped after {n} request{'' if n == 1 else 's'}")
+        self._closed = True
+
+    def _log_answer(self, line: str) -> None:
+        self.answered += 1
+        self.log(line)
 

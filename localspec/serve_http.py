@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+from typing import Callable
 
 import uvicorn
 from starlette.exceptions import HTTPException
@@ -20,6 +21,7 @@ from .serve_api import ApiError
 from .serve_metrics import Metrics
 
 MAX_BODY = 1 << 20     # bytes of a request body
+MAX_LOGGED = 200       # characters of a request's path in its log line
 
 
 def key_matches(authorization: str, key: str) -> bool:
@@ -54,16 +56,19 @@ class EventStream(StreamingResponse):
 
 
 class CountRequests:
-    """ASGI middleware: count every answer by endpoint and status for /metrics."""
+    """ASGI middleware: count every answer by endpoint and status for /metrics, and hand `log` one
+    line per answer once it has been sent whole (`request_line`; a generation's handler leaves its
+    job in `request.state.job`)."""
 
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, metrics: Metrics, log: Callable[[str], None] | None = None):
+        self.app, self.metrics, self.log = app, metrics, log
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         status = {}
+        start = time.monotonic()
 
         async def counting(message) -> None:
             if message["type"] == "http.response.start":
@@ -73,7 +78,24 @@ class CountRequests:
         try:
             await self.app(scope, receive, counting)
         finally:
-            self.metrics.request(scope["path"], status.get("code", 500))
+            code = status.get("code", 500)
+            self.metrics.request(scope["path"], code)
+            if self.log is not None:
+                job = scope.get("state", {}).get("job")
+                self.log(request_line(scope["method"], scope["path"], code, time.monotonic() - start,
+                                      getattr(job, "result", None)))
+
+
+def request_line(method: str, path: str, status: int, seconds: float, result: dict | None) -> str:
+    """`localspec: POST /v1/chat/completions 200 · 24 tokens · α 0.950 · 1.23 s`: tokens and α
+    for a generation (α — when nothing was drafted), the seconds from the request to its answer's
+    last byte. The path is the client's: shown escaped and cut, never as terminal control codes."""
+    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in path[:MAX_LOGGED])
+    parts = [f"localspec: {method[:16]} {shown}{'…' if len(path) > MAX_LOGGED else ''} {status}"]
+    if result is not None:
+        alpha = result.get("alpha")
+        parts += [f"{result['n_tokens']} tokens", "α —" if alpha is None else f"α {alpha:.3f}"]
+    return " · ".join([*parts, f"{seconds:.2f} s"])
 
 
 async def read_json(request: Request):

@@ -7,9 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from localspec.defaults import cache_path
+
 REPO = Path(__file__).resolve().parent.parent
-# The F32 default target is made once and reused across test runs; it never goes into git.
-MODEL_CACHE = Path(os.environ.get("LOCALSPEC_CACHE") or REPO / "cache")
+MODEL_CACHE = cache_path()
+"""Where the tests find the model files localspec makes (the 515 MB F32 target, the Gemma pair):
+the user's own localspec cache ($LOCALSPEC_CACHE, else the platform's cache folder), read here at
+import, before `_isolated_home` points HOME elsewhere. They are made once per machine and shared
+with the user's own runs, never copied into the repository; a fresh clone (CI) makes them there."""
 # Set at import, so that fixtures of every scope (a module's bench run, say) see it too.
 os.environ["LOCALSPEC_NO_WARM_START"] = "1"
 

@@ -302,3 +302,37 @@ def test_median_speedup_ignores_one_disturbed_run():
     plain = [_run("plain", [_step(0, 0, 0, 0.01)] * 10, d, prompt=i) for i, d in enumerate((0.1, 0.1, 1.0))]
     spec = [_run("spec", [_step(0, 0, 0, 0.01)] * 10, 0.05, prompt=i) for i in range(3)]
     assert bench_report._median_speedup(spec, plain) == pytest.approx(2.0)
+
+
+def _synthetic_auto_report(seconds: dict[str, float]) -> dict:
+    """A report of one prompt run plainly and by model, lookup and auto (10 tokens each, in the
+    given decode seconds), through the real summaries and table."""
+    variants = [bench.Variant("plain", "plain")] + bench.spec_variants("auto", [None])
+    runs = []
+    for v in variants:
+        steps = [_step(0, 0, 0.0, 0.01)] * 10 if v.kind == "plain" else [_step(1, 1, 0.01, 0.02)] * 5
+        runs.append(bench.Run(v, 0, 0, 10, [t for s in steps for t in s.tokens], steps, 0.0,
+                              seconds[v.key], "length"))
+    config = {"target": "t.gguf", "draft": "d.gguf", "drafter": "auto", "temperature": 0.0, "top_k": 40,
+              "top_p": 0.95, "min_p": 0.05, "seed": 1, "max_tokens": 10, "n_prompts": 1, "repeat": 1,
+              "threads": 1, "chat": True, "reference_lookup_tokens": None}
+    return {"config": config, "categories": {"chat": bench_report.group(runs, variants, {0}, True)},
+            "overall": bench_report.group(runs, variants, {0}, True)}
+
+
+def test_summary_says_plainly_when_speculation_lost():
+    # The busy-machine run of issue 20: every speculative variant slower than plain, auto the best.
+    table = format_report(_synthetic_auto_report({"plain": 1.0, "model": 2.0, "lookup": 3.0, "auto": 1.9}))
+    head, *rows = table.split("auto against each drafter alone (auto)")[1].strip().splitlines()[:3]
+    columns = re.split(r"\s{2,}", head.strip())
+    assert columns[5:7] == ["× best single", "× plain"]
+    overall = re.split(r"\s{2,}", rows[1].strip())
+    assert overall[0] == "overall" and overall[5:7] == ["1.05×", "0.53×"]   # a "win" over the singles only
+    assert "speculation lost: model 0.50× plain, lookup 0.33× plain, auto 0.53× plain" in table
+
+
+def test_summary_says_nothing_of_a_loss_when_speculation_won():
+    table = format_report(_synthetic_auto_report({"plain": 1.0, "model": 0.5, "lookup": 0.8, "auto": 0.4}))
+    assert "speculation lost" not in table
+    overall = [r for r in table.split("auto against each drafter alone")[1].splitlines() if r.startswith("overall")]
+    assert re.split(r"\s{2,}", overall[0])[5:7] == ["1.25×", "2.50×"]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 CLI = [sys.executable, "-m", "localspec"]
+REPO = Path(__file__).resolve().parent.parent
 JSON_FIELDS = {
     "text": str, "tokens": list, "n_tokens": int, "n_steps": int, "n_drafted": int, "n_accepted": int,
     "alpha": (float, type(None)), "tokens_per_step": float, "tokens_per_second": float, "seconds": float,
@@ -105,3 +108,26 @@ def test_bad_input_exits_2_with_one_line(bad_files, args, needle):
 def test_empty_stdin_prompt_is_an_error():
     r = localspec("generate", "-", stdin="")
     assert r.returncode == 2 and r.stderr.startswith("error: ")
+
+
+def _tests_model_cache(env: dict) -> str:
+    """Where tests/conftest.py keeps the models it makes, under the environment `env`."""
+    code = "import tests.conftest as c; print(c.MODEL_CACHE)"
+    keep = {k: v for k, v in os.environ.items() if k not in ("LOCALSPEC_CACHE", "XDG_CACHE_HOME", "HOME")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=REPO, env={**keep, **env})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_the_tests_share_the_users_model_cache_not_the_repository(tmp_path, model_paths):
+    from tests.conftest import MODEL_CACHE
+
+    # The user's own cache, as localspec itself finds it ($LOCALSPEC_CACHE first) ...
+    home = tmp_path / "user"
+    expected = home / ("Library/Caches" if sys.platform == "darwin" else ".cache") / "localspec"
+    assert _tests_model_cache({"HOME": str(home)}) == str(expected)
+    assert _tests_model_cache({"HOME": str(home), "LOCALSPEC_CACHE": str(tmp_path / "mine")}) == str(tmp_path / "mine")
+    # ... never a copy inside the repository; the tests' models come from there.
+    assert REPO != MODEL_CACHE.resolve() and REPO not in MODEL_CACHE.resolve().parents
+    assert model_paths[0].parent.resolve() == MODEL_CACHE.resolve()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import socket
 import threading
 from pathlib import Path
 
@@ -187,6 +188,29 @@ def test_unreachable_hub_gives_manual_steps(cache, monkeypatch):
     assert "ConnectionError" in message and "To place it by hand" in message and "\n" not in message
 
 
+def test_unreachable_hub_names_every_missing_file(cache, preset_file, monkeypatch):
+    # Offline without HF_HUB_OFFLINE: the hub's address refuses connections (a port just closed
+    # on this machine), so the library's own connection error comes, as with no network at all.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    with pytest.raises(ConfigError) as info:
+        hub.pull(str(preset_file), progress=False, notice=lambda _: None)
+    message = str(info.value)
+    assert "\n" not in message and "To place them by hand" in message
+    assert "target owner/target-GGUF/target.gguf" in message and "draft owner/draft-GGUF/draft.gguf" in message
+    assert "models--owner--target-GGUF, models--owner--draft-GGUF" in message
+
+    # A file already in the cache is not named again.
+    put_in_cache(cache, "owner/target-GGUF", "target.gguf", b"x")
+    with pytest.raises(ConfigError) as info:
+        hub.pull(str(preset_file), progress=False, notice=lambda _: None)
+    assert "would download draft owner/draft-GGUF/draft.gguf." in str(info.value)
+    assert "target.gguf" not in str(info.value)
+
+
 # ---------------------------------------------------------------- CLI
 
 
@@ -198,15 +222,23 @@ def cli_app() -> typer.Typer:
 
 def test_models_table_and_json(cache):
     put_in_cache(cache, "lmstudio-community/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q8_0.gguf", b"z" * 2000)
+    put_in_cache(cache, "lmstudio-community/Qwen2.5-7B-Instruct-GGUF", "Qwen2.5-7B-Instruct-Q4_K_M.gguf", b"q" * 3000)
+    put_in_cache(cache, "lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF", "Qwen2.5-0.5B-Instruct-Q8_0.gguf", b"d" * 500)
     runner = CliRunner()
     result = runner.invoke(cli_app(), ["models"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split() == ["PRESET", "DRAFTER", "TARGET", "DRAFT", "DOWNLOADED", "VERIFIED"]
-    row = {line.split()[0]: line for line in lines[1:] if line.strip()}
-    assert "built-in" in row["smollm2-135m-self"]
-    assert "only target" in row["smollm2-1.7b-instruct"]
-    assert " no " in row["qwen2.5-7b-instruct"]
+    head = ["PRESET", "DRAFTER", "TARGET", "DRAFT", "DOWNLOADED", "SIZE", "VERIFIED"]
+    assert lines[0].split() == head
+    cells = {line.split()[0]: line.split() for line in lines[1:] if line.strip() and line[0].islower()}
+    columns = lambda name: dict(zip(head[4:], cells[name][-3:]))  # noqa: E731  (built-in names hold spaces)
+    assert columns("smollm2-135m-self") == {"DOWNLOADED": "built-in", "SIZE": "-", "VERIFIED": "yes"}
+    assert cells["smollm2-1.7b-instruct"][-5:] == ["only", "target", "2.0", "kB", "yes"]
+    assert cells["qwen2.5-7b-instruct"][-4:] == ["yes", "3.5", "kB", "yes"]   # both files, summed
+    assert columns("llama3.1-8b-instruct") == {"DOWNLOADED": "no", "SIZE": "-", "VERIFIED": "yes"}
+    # Every column is explained under the table, VERIFIED included.
+    legend = {line.split(":")[0]: line for line in lines if line.startswith(("SIZE:", "VERIFIED:"))}
+    assert set(legend) == {"SIZE", "VERIFIED"} and "checked against the hub" in legend["VERIFIED"]
 
     result = runner.invoke(cli_app(), ["models", "--json"])
     assert result.exit_code == 0, result.output

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -388,3 +391,95 @@ def test_serve_without_the_extra_says_how_to_install_it():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: localspec serve needs starlette: pip install 'localspec[serve]'"]
+
+
+REPO = Path(__file__).resolve().parent.parent
+LOGGED = re.compile(r"localspec: (?P<method>[A-Z]+) (?P<path>\S+) (?P<status>\d{3})"
+                    r"(?: · (?P<tokens>\d+) tokens · α (?P<alpha>\d\.\d{3}|—))? · \d+\.\d\d s")
+
+
+def test_one_log_line_per_answer_and_one_at_shutdown(served):
+    from localspec.config import SamplingConfig
+    from localspec.serve import Server
+    from localspec.serve_api import Defaults
+    from localspec.serve_http import listen, start_in_thread
+
+    wait_idle(served)
+    lines: list[str] = []
+    server = Server(served.session, Defaults(SamplingConfig(temperature=0.0), max_tokens=8), warm_start=False,
+                    log=lines.append)
+    sock = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    uv, thread = start_in_thread(server, sock)
+    try:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": PROMPT}]
+        whole = c.chat.completions.create(model="x", messages=messages, temperature=0, max_tokens=8)
+        streamed = list(c.completions.create(model="x", prompt="The sea is", temperature=0, max_tokens=5,
+                                             stream=True, stream_options={"include_usage": True}))
+        assert httpx.get(url + "/health").status_code == 200
+        assert httpx.get(url + "/no%1B%5B2Jwhere").status_code == 404   # a path with ESC [2J in it
+    finally:
+        uv.should_exit = True
+        thread.join(30)
+    *answers, last = lines
+    assert last == "localspec: stopped after 4 requests"   # once, after every answer's line
+    parsed = {m["path"]: m for m in map(LOGGED.fullmatch, answers)}
+    assert None not in parsed, answers
+    chat, completion = parsed["/v1/chat/completions"], parsed["/v1/completions"]
+    assert (chat["method"], chat["status"], int(chat["tokens"])) == ("POST", "200", whole.usage.completion_tokens)
+    assert chat["alpha"] == f"{whole.usage.model_extra['localspec']['alpha']:.3f}"
+    assert int(completion["tokens"]) == streamed[-1].usage.completion_tokens == 5
+    assert parsed["/health"]["status"] == "200" and parsed["/health"]["tokens"] is None
+    assert parsed[r"/no\x1b[2Jwhere"]["status"] == "404"   # the client's path escaped, no control codes
+    assert len(answers) == 4
+
+
+def test_serve_logs_its_requests_and_says_when_it_stopped():
+    """The command wires the log to stderr: a line per request, one at Ctrl-C."""
+    import queue
+
+    p = subprocess.Popen(CLI + ["serve", "--port", "0", "--threads", "1", "--max-tokens", "4"],
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    lines: queue.Queue = queue.Queue()   # stderr's lines, then None at its end
+
+    def read() -> None:
+        for line in p.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def line_with(text: str) -> str:
+        """The next stderr line holding `text` (the timeout only guards against a hang)."""
+        while True:
+            line = lines.get(timeout=120)
+            assert line is not None, f"stderr ended before a line with {text!r}"
+            if text in line:
+                return line
+
+    try:
+        url = re.search(r"(http://\S+)/v1", line_with("localspec serve: http://"))[1]
+        assert httpx.get(url + "/v1/models", timeout=60).status_code == 200
+        logged = line_with("localspec: ")
+        assert LOGGED.fullmatch(logged.strip()) and "GET /v1/models 200" in logged, logged
+        p.send_signal(signal.SIGINT)
+        assert line_with("stopped") == "localspec: stopped after 1 request\n"
+        assert p.wait(timeout=60) == 130
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_models_gives_the_documented_id_and_any_form_of_it_is_served(served):
+    target = Path(str(served.session.target.path))
+    data = httpx.get(served.url + "/v1/models").json()["data"]
+    assert [d["id"] for d in data] == [target.stem]   # "SmolLM2-135M-Instruct.F32", no ".gguf"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    documented = " ".join(readme.split("- `GET /v1/models` —", 1)[1].split("\n- ", 1)[0].split())
+    assert documented.startswith("the one model (id: the target file's name without `.gguf`")
+    # Clients send the id back as `model`; the file name, or anything else, is served the same.
+    c = client(served)
+    for name in (target.stem, target.name, "gpt-4o"):
+        r = c.completions.create(model=name, prompt="Hi", max_tokens=2, temperature=0)
+        assert r.model == target.stem and r.usage.completion_tokens >= 1

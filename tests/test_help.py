@@ -1,0 +1,295 @@
+"""Every command's --help against the code: each default the help shows is the default the code
+applies, no flag shows a placeholder (`<bool>`), and every placeholder has one style.
+
+The help is rendered as a user sees it (Typer's rich panels, wide enough that no row wraps) and
+parsed: Typer's own `[default: X]` is compared with the option's declared default; a default
+written into the help text (`(default 0.8)`, `(default: …)`, `'auto' (default)`) with what the
+code does when the option is not given (`REAL_DEFAULTS`). A default in words that this file does
+not know fails, so that no default can be shown unchecked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from localspec.cli import app
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}   # one line per row: nothing wraps
+
+NAME = r"[A-Z][A-Z0-9_]*"
+LITERAL = r"[a-z0-9][a-z0-9.-]*(?:\|[a-z0-9][a-z0-9.-]*)*"   # the values an option takes: md|json
+PLACEHOLDER = re.compile(rf"(?:{NAME}|{LITERAL})")
+USAGE_PIECE = re.compile(rf"(?:{NAME}|\[{NAME}\]|{LITERAL}|\[OPTIONS\]|COMMAND|\[ARGS\])(?:\.\.\.)?")
+
+TYPER_DEFAULT = re.compile(r"\[default: ([^\]]*)\]")
+WRITTEN_DEFAULT = re.compile(r"\(default:? ([^)]*)\)|(\S+) \(default\)|(\(the default\))|\((\S+) by default\)")
+
+
+def commands() -> list[tuple[str, ...]]:
+    """The path of every command and group, the root included (from the app itself)."""
+    out = []
+
+    def walk(cmd, path):
+        out.append(path)
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            walk(sub, (*path, name))
+
+    walk(typer.main.get_command(app), ())
+    return out
+
+
+def click_command(path: tuple[str, ...]):
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return cmd
+
+
+def help_of(path: tuple[str, ...]) -> str:
+    result = runner.invoke(app, [*path, "--help"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def rows(text: str) -> dict[str, list[str]]:
+    """{first name of a row (`--max-tokens`, `PROMPT`): its cells} over the help's panels."""
+    out = {}
+    for line in text.splitlines():
+        inner = line.strip()
+        if not (inner.startswith("│") and inner.endswith("│")):
+            continue
+        cells = re.split(r"\s{2,}", inner.strip("│").strip())
+        if cells[0] == "*":   # a required argument's mark
+            cells = cells[1:]
+        assert cells[0] not in out, f"two rows named {cells[0]}"
+        out[cells[0]] = cells
+    return out
+
+
+def options(path: tuple[str, ...]) -> list:
+    """The command's options, --help included, as Click has them."""
+    cmd = click_command(path)
+    ctx = cmd.context_class(cmd)
+    return [p for p in cmd.get_params(ctx) if p.param_type_name == "option"]
+
+
+def arguments(path: tuple[str, ...]) -> list:
+    return [p for p in click_command(path).params if p.param_type_name == "argument"]
+
+
+def long_name(param) -> str:
+    return next(o for o in param.opts if o.startswith("--"))
+
+
+ALL = commands()
+IDS = [" ".join(p) or "localspec" for p in ALL]
+
+
+# ---- what the code does when an option is not given ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class At:
+    """Where a written default is checked."""
+
+    path: tuple[str, ...]
+    param: object
+    model_paths: tuple
+    store: object
+
+
+def resolved():
+    """`resolve_options` with nothing given: the built-in defaults every command starts from."""
+    from localspec.cli_options import MODEL_OPTIONS, resolve_options
+
+    return resolve_options(**{name: None for name in MODEL_OPTIONS})
+
+
+def threads_default(path: tuple[str, ...]) -> int | None:
+    """HOOK for --threads (issue 20): the thread count `path` uses when --threads is not given,
+    as its code computes it, once the help shows that number. The thread-count resolution is
+    being reworked elsewhere; until its help shows a computed number this returns None and the
+    --threads text is not compared (see `test_threads_hook_is_filled_once_the_help_shows_a_number`)."""
+    return None
+
+
+def _drafter_default(phrase: str, at: At) -> None:
+    from localspec.session import LoadConfig, resolve_files
+
+    with_draft = resolve_files(LoadConfig()).drafter   # no --target: the embedded pair
+    without = resolve_files(LoadConfig(target=str(at.model_paths[0]))).drafter
+    assert phrase == f"{with_draft} when a draft is available, else {without}"
+
+
+def _embedded_target(phrase: str, at: At) -> None:
+    from localspec.session import LoadConfig, resolve_files
+
+    assert Path(resolve_files(LoadConfig()).target).name in phrase
+
+
+def _doctor_drafters(phrase: str, at: At) -> None:
+    from localspec.cli_doctor import _pair
+    from localspec.config import DRAFTERS
+    from localspec.session import LoadConfig
+
+    # "every one available": all that a pair with a draft model allows, measured one by one
+    assert phrase == "every one available"
+    assert _pair(LoadConfig(), None)[2] == [d for d in DRAFTERS if d not in ("auto", "none")]
+    assert _pair(LoadConfig(target=str(at.model_paths[0])), None)[2] == ["lookup"]
+
+
+def _markdown_by_default(phrase: str, at: At) -> None:
+    conv = at.store.new_conversation({}, None)
+    at.store.add_message(conv, "user", "hi")
+    plain, md = (runner.invoke(app, ["history", "show", str(conv), *extra]) for extra in ([], ["--md"]))
+    assert plain.exit_code == md.exit_code == 0 and plain.output == md.output
+
+
+def _loopback(phrase: str, at: At) -> None:
+    import ipaddress
+
+    assert phrase == "loopback" and ipaddress.ip_address(at.param.default).is_loopback
+
+
+def _no_cap(phrase: str, at: At) -> None:
+    # None, not a number: the chat then decodes up to the context (tui/chat.py), no cap in between
+    assert phrase.startswith("no cap") and at.param.default is None
+
+
+def _value(get: Callable) -> Callable:
+    """A check that the written default is `get()` (a number compared as one)."""
+    def check(phrase: str, at: At) -> None:
+        want = get()
+        numbers = re.findall(r"-?\d+(?:\.\d+)?", phrase)
+        if isinstance(want, (int, float)) and not isinstance(want, bool):
+            assert numbers and float(numbers[-1]) == want, f"shown {phrase!r}, the code uses {want}"
+        else:
+            assert str(want) in phrase, f"shown {phrase!r}, the code uses {want}"
+    return check
+
+
+REAL_DEFAULTS: dict[str, Callable[[str, At], None]] = {
+    "--n-ctx": _value(lambda: resolved().load.n_ctx),
+    "--temperature": _value(lambda: resolved().sampling.temperature),
+    "--top-k": _value(lambda: resolved().sampling.top_k),
+    "--top-p": _value(lambda: resolved().sampling.top_p),
+    "--min-p": _value(lambda: resolved().sampling.min_p),
+    "--target-gpu-layers": _value(lambda: resolved().load.target_gpu_layers),
+    "--draft-gpu-layers": _value(lambda: resolved().load.draft_gpu_layers),
+    "--draft-tokens": _value(lambda: "auto" if resolved().k is None else resolved().k),
+    "--target": _embedded_target,
+    "--drafter": _drafter_default,
+    "doctor --drafter": _doctor_drafters,
+    "history show --md": _markdown_by_default,
+    "serve --host": _loopback,
+    "chat --max-tokens": _no_cap,
+}
+"""Option (or "command option", which wins) -> a check of a default written in the help's words
+against what the code does when the option is not given."""
+
+
+def real_default_check(path: tuple[str, ...], option: str) -> Callable | None:
+    return REAL_DEFAULTS.get(" ".join((*path, option))) or REAL_DEFAULTS.get(option)
+
+
+def typer_shown(param) -> str:
+    """How Typer writes a declared default: a --x/--no-x flag by the name of its side."""
+    if getattr(param, "secondary_opts", None) and getattr(param, "is_flag", False):
+        return (param.opts if param.default else param.secondary_opts)[0].lstrip("-")
+    return str(param.default)
+
+
+# ---- the tests ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_each_shown_default_is_the_real_one(path, model_paths, store):
+    table = rows(help_of(path))
+    for param in options(path):
+        name = long_name(param)
+        assert name in table, f"{name} missing from the help of {' '.join(path) or 'localspec'}"
+        text = " ".join(table[name])
+        for shown in TYPER_DEFAULT.findall(text):
+            assert shown == typer_shown(param), f"{name}: help shows {shown!r}, declared {param.default!r}"
+        written = TYPER_DEFAULT.sub("", text)
+        found = [next(g for g in m.groups() if g is not None) for m in WRITTEN_DEFAULT.finditer(written)]
+        assert "default" not in WRITTEN_DEFAULT.sub("", written), f"{name}: a default this test cannot read: {text!r}"
+        for phrase in found:
+            if name == "--threads":
+                want = threads_default(path)
+                if want is not None:
+                    assert want in [int(n) for n in re.findall(r"\d+", phrase)], (phrase, want)
+                continue
+            check = real_default_check(path, name)
+            assert check is not None, (
+                f"{' '.join(path)} {name} shows the default {phrase!r} in words: add the code's real "
+                "default to REAL_DEFAULTS in tests/test_help.py")
+            check(phrase, At(path, param, model_paths, store))
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_no_bool_placeholder_and_one_placeholder_style(path):
+    text = help_of(path)
+    assert "<bool>" not in text
+    assert not re.search(r"<\w+(\[\w+\])?>", text), "Typer's <type> placeholders"
+    usage = next(line for line in text.splitlines() if line.strip().startswith("Usage:"))
+    pieces = usage.split("localspec", 1)[1].split()[len(path):]
+    for piece in pieces:
+        assert USAGE_PIECE.fullmatch(piece), f"usage placeholder {piece!r} in {usage.strip()!r}"
+    table = rows(text)
+    for param in options(path):
+        cells = table[long_name(param)]
+        opts = {*param.opts, *param.secondary_opts}
+        n = next((i for i, c in enumerate(cells) if c not in opts), len(cells))   # the names' cells
+        after = cells[n] if n < len(cells) else ""
+        if param.is_flag:   # straight to the help: no placeholder
+            assert (param.help or "").startswith(after[:20]), (long_name(param), cells)
+        else:
+            assert PLACEHOLDER.fullmatch(after), f"{long_name(param)}: placeholder {after!r}"
+    for param in arguments(path):
+        label = param.metavar
+        assert PLACEHOLDER.fullmatch(label) and label in table, (label, list(table))
+        assert (label if param.required else f"[{label}]") in pieces
+
+
+def test_placeholders_read_as_documented():
+    assert "Usage: localspec generate [OPTIONS] PROMPT" in help_of(("generate",))
+    assert "Usage: localspec pull [OPTIONS] PRESET_OR_REPO [FILE]" in help_of(("pull",))
+    assert "Usage: localspec history export [OPTIONS] ID md|json PATH" in help_of(("history", "export"))
+    row = rows(help_of(("generate",)))["--max-tokens"]
+    assert row[1] == "INTEGER"
+    assert rows(help_of(("models",)))["--json"][1].startswith("Print")
+
+
+def test_bench_help_lists_the_categories_of_the_suite(monkeypatch, tmp_path):
+    from localspec import bench
+
+    names = bench.categories_of(bench.load_prompts())
+    line = " ".join(rows(help_of(("bench",)))["--category"])
+    assert ", ".join(names) in line
+    # Read from the suite, not a copy of it: another suite, other names.
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text('{"category": "poems", "prompt": "a"}\n{"category": "tables", "prompt": "b"}\n')
+    monkeypatch.setattr(bench, "builtin_prompts_file", lambda: suite)
+    line = " ".join(rows(help_of(("bench",)))["--category"])
+    assert "poems, tables in the built-in suite" in line and names[0] not in line
+
+
+def test_threads_hook_is_filled_once_the_help_shows_a_number():
+    """The hook above must not stay empty once --threads shows the count it computes."""
+    for path in ALL:
+        row = rows(help_of(path)).get("--threads")
+        if row is None:
+            continue
+        phrase = " ".join(row)
+        if re.search(r"\(default:? \d|\[default: \d", phrase) and threads_default(path) is None:
+            pytest.fail(f"{' '.join(path)} --threads shows a computed default ({phrase!r}): "
+                        "fill in threads_default in tests/test_help.py")
