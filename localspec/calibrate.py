@@ -14,7 +14,7 @@ from .config import DecodeConfig, SamplingConfig
 from .controller import ALPHA_PRIOR, ALPHA_PRIOR_WEIGHT, KController, expected_tokens
 from .decoder import generate_steps
 from .drafters import ModelDrafter, PromptLookup
-from .machine import load_1min, usable_cpus
+from . import machine
 from .stats import positions_tested
 
 CAL_K = 4             # fixed draft length while measuring acceptance
@@ -169,6 +169,7 @@ def calibrate(target, draft, drafters: Sequence[str], sampling: SamplingConfig, 
               chat: Callable[[str], list[int]]) -> dict:
     """Measure the verify curve, plain decoding and each drafter at k = CAL_K within ~`seconds`."""
     started = time.perf_counter()
+    cpus_before = machine.sample()
     deadline = started + seconds
     shares = {"verify": 0.2, "plain": 0.15, **{d: {"model": 0.4, "lookup": 0.25}[d] for d in drafters}}
 
@@ -237,6 +238,13 @@ def calibrate(target, draft, drafters: Sequence[str], sampling: SamplingConfig, 
         if meas and not 0.67 < pred / meas < 1.5:
             result["warnings"].append(f"{name}: the cost model predicted {pred:.2f}× at k={CAL_K} but "
                                       f"{meas:.2f}× was measured; predictions are scaled to the measurement")
+    # Whether other work took the cores the threads needed while this ran: then every timing above
+    # is slower than this machine, and `doctor` does not record them (`diagnose`).
+    run = machine.usage(cpus_before)
+    result["machine"] = run.as_dict(target.n_threads) | {"busy": machine.loaded(run, target.n_threads)}
+    if result["machine"]["busy"]:
+        result["warnings"].append(f"{result['machine']['busy']} while calibrating: the timings are slower "
+                                  "than this machine's")
     if result["warnings"]:
         result["warnings"].append("rerun on an idle machine, with more --seconds, before trusting the numbers")
     return result
@@ -252,9 +260,3 @@ def chat_tokens(target) -> Callable[[str], list[int]]:
                 pass
         return target.tokenize(text, add_special=True)
     return tokens
-
-
-def load_average() -> dict | None:
-    """The 1-minute load and usable CPUs, so the report can say when timings were taken on a busy machine."""
-    load = load_1min()
-    return None if load is None else {"load_1min": load, "cpus": usable_cpus()}

@@ -121,7 +121,7 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
          warm: bool, special: bool) -> dict:
     import time
 
-    from . import warmstart
+    from . import machine, warmstart
     from .controller import KController
     from .stats import RunStats
     from .stream import stream_text
@@ -138,6 +138,7 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
     pieces: list[str] = []
     out_tokens: list[int] = []
     start = time.perf_counter()
+    cpus_before = machine.sample()   # did llama.cpp's threads get their cores during the run?
     first_step_at = None
     for chunk in stream_text(target, drafter, tokens, opts.sampling, decode, controller):
         if first_step_at is None:
@@ -167,9 +168,13 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
         "target": str(target.path),
         "draft": str(session.draft.path) if session.draft else None,
         "warm_start": bool(warmed),
+        "threads": target.n_threads,
+        "thread_choice": session.threads.as_dict() if session.threads else None,
     }
+    run = machine.usage(cpus_before)
+    result["machine"] = run.as_dict(target.n_threads) | {"busy": machine.loaded(run, target.n_threads)}
     if warm and drafter is not None:
-        warmstart.save(controller, session, drafter.name, temperature)
+        warmstart.save(controller, session, drafter.name, temperature, run=run)
     return result
 
 

@@ -26,6 +26,9 @@ def register(app: typer.Typer) -> None:
         seconds: float = typer.Option(20.0, "--seconds", help="Calibration time budget; 0 skips calibration."),
         temperature: Optional[float] = typer.Option(None, "--temperature", help="Temperature to measure α at (default: the preset's or 0.8)."),
         forget: bool = typer.Option(False, "--forget", help="Delete what the k controller learned on this pair and machine (its warm start)."),
+        save_anyway: bool = typer.Option(False, "--save-anyway", help=(
+            "Write the calibration to the warm-start record even when other work took the cores it needed "
+            "(it is not written then: its timings describe a slower machine).")),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the report."),
     ) -> None:
         """Check the llama.cpp build, a target/draft pair and this machine; recommend drafter and k."""
@@ -42,7 +45,7 @@ def register(app: typer.Typer) -> None:
             report = doctor.diagnose(
                 target_path, draft_path, drafters, n_ctx=opts.load.n_ctx, threads=opts.load.threads,
                 gpu_layers={"target": opts.load.target_gpu_layers, "draft": opts.load.draft_gpu_layers},
-                sampling=opts.sampling, seconds=seconds, forget=forget,
+                sampling=opts.sampling, seconds=seconds, forget=forget, save_anyway=save_anyway,
             )
         except (ConfigError, EngineError, OSError) as e:
             o.fail(e)

@@ -41,7 +41,28 @@ Seed = Annotated[Optional[int], typer.Option(
     "--seed", help="Random seed; -1 or none = random (the seed used is reported in --json).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Stop after this many tokens.")]
 NCtx = Annotated[Optional[int], typer.Option("--n-ctx", help="Context length (default 4096).")]
-Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: this machine's cores).")]
+RESERVE = {"chat": (1, "the screen"), "serve": (1, "the event loop")}
+"""Cores a command leaves free when it picks the thread count, and for what: the chat's screen and
+the server's event loop run beside decoding, and one of llama.cpp's spin-waiting threads that they
+deschedule slows every step (measured in chat on 2 cores: 6.6 against 41.6 tokens/s)."""
+
+
+def threads_default(command: str) -> int:
+    """--threads when not given, for `command` on this machine with nothing else running (its help
+    shows this); while other work keeps cores busy the run takes fewer (`machine.choose_threads`)."""
+    from .machine import choose_threads
+
+    return choose_threads(None, RESERVE.get(command, (0, ""))[0], other=0.0).threads
+
+
+def _threads_option(command: str) -> Any:
+    reserve, whom = RESERVE.get(command, (0, ""))
+    leave = f", leaving a core to {whom}" if reserve else ""
+    return Annotated[Optional[int], typer.Option("--threads", help=(
+        f"CPU threads (default: {threads_default(command)} here{leave}; fewer while other work keeps cores busy)."))]
+
+
+Threads = _threads_option("generate")
 TargetGpuLayers = Annotated[Optional[int], typer.Option(
     "--target-gpu-layers", help="Target layers on the GPU, -1 = all (default -1).")]
 DraftGpuLayers = Annotated[Optional[int], typer.Option(
@@ -56,6 +77,13 @@ NoWarmStart = Annotated[bool, typer.Option(
 MODELS = {"preset": Preset, "target": Target, "draft": Draft, "n_ctx": NCtx, "threads": Threads,
           "target_gpu_layers": TargetGpuLayers, "draft_gpu_layers": DraftGpuLayers}
 """Which models to load and how: `doctor` takes these."""
+
+
+def models_for(command: str) -> dict:
+    """MODELS with the --threads default that `command` uses (chat and serve leave a core free)."""
+    return {**MODELS, "threads": _threads_option(command)} if command in RESERVE else MODELS
+
+
 SAMPLING = {"drafter": Drafter, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "min_p": MinP,
             "seed": Seed}
 """How to draft and sample: `generate`, `bench` and `chat` take these too."""

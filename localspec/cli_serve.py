@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
     """Add the ``serve`` command to ``app``."""
 
     @app.command("serve")
-    @o.with_options(o.MODELS, o.SAMPLING)
+    @o.with_options(o.models_for("serve"), o.SAMPLING)
     def serve_command(
         options: dict = None,
         k: o.DraftTokens = None,
@@ -57,12 +57,8 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("--api-key must not be empty")
             opts = o.resolve(options, k=k)
             DecodeConfig(max_tokens=max_tokens, k=opts.k)   # validates --max-tokens and -k now
-            if options["threads"] is None:
-                # One core for the event loop (as chat leaves one to its screen): llama.cpp's threads
-                # spin-wait for each other, and one descheduled by the server slows every step.
-                from localspec.engine import default_threads
-
-                opts = replace(opts, load=replace(opts.load, threads=max(1, default_threads() - 1)))
+            # One core for the event loop (o.RESERVE), as chat leaves one to its screen.
+            opts = replace(opts, load=replace(opts.load, reserve_cores=o.RESERVE["serve"][0]))
             seed = options["seed"] if options["seed"] is not None and options["seed"] >= 0 else None
             defaults = Defaults(opts.sampling, max_tokens=max_tokens, k=opts.k, seed=seed)
             try:

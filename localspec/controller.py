@@ -25,6 +25,7 @@ How `observe` learns:
 - Verify costs are EWMAs per batch size (COST_WEIGHT, one timing clipped to COST_CLIP), a faster
   second timing replacing a cold first one, a size unmeasured for COST_STALE steps weighing half.
   With three batched sizes a line a + c·b is fitted; before that VERIFY_PRIOR_SLOPE shapes it.
+  A warm start's costs take their level from each first timing here (costs.replace_recorded).
   No size is predicted below VERIFY_FLOOR of the cheapest timing (a line can cross zero).
 - Drafting costs are EWMAs per draft length, with a line base + slope·k once two lengths are timed.
 - Acceptance: discounted Beta counts overall (ALPHA_DECAY, prior ALPHA_PRIOR worth
@@ -42,7 +43,7 @@ import math
 
 import numpy as np
 
-from .costs import BatchCost
+from .costs import BatchCost, replace_recorded
 from .lookup import LookupRates
 
 ALPHA_PRIOR = 0.7          # acceptance before any data: typical for a same-family draft
@@ -104,18 +105,6 @@ def _line(xs: np.ndarray, ys: np.ndarray, counts) -> tuple[float, float]:
     return float(base), max(float(slope), 0.0)
 
 
-def _replace_recorded(costs: dict[int, float], key: int, timed: float, others: set[int]) -> float:
-    """A warm start's cost gives way to the first timing made here, and the machine's speed now
-    (it drifts between runs) rescales the recorded costs not timed yet: the record keeps its
-    shape, this run sets its level. Returns the factor applied."""
-    old = costs[key]
-    ratio = min(max(timed / old, 0.5), 2.0) if old > 0 else 1.0
-    for other in others:
-        costs[other] *= ratio
-    costs[key] = timed
-    return ratio
-
-
 def _cusum(total: float, hits: np.ndarray, p: np.ndarray, q: np.ndarray) -> float:
     """CUSUM recursion over Bernoulli trials: evidence for rate q against rate p."""
     for x in np.where(hits, np.log(q / p), np.log((1 - q) / (1 - p))).tolist():
@@ -141,6 +130,7 @@ class KController:
         self._cusum_low = self._cusum_high = 0.0   # change detection, see _detect_change
         self._verify: dict[int, float] = {}        # batch size b -> EWMA seconds
         self._prior: set[int] = set()              # sizes known only from a warm start
+        self._level_from: int | None = None        # the size whose first timing set their level
         self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # verify_cost(1..k_max+1), refitted lazily
         self._draft: float | None = None           # seconds per drafted token (EWMA)
@@ -329,13 +319,11 @@ class KController:
             # while speculating), so a stale size's new timing counts half.
             last, n = self._timed.get(b, (self._steps, 0))
             if b in self._prior:
-                ratio = _replace_recorded(self._verify, b, t_verify, self._prior - {b})
-                if self._draft_prior:   # the same machine drafts: today's speed sets that level too
-                    self._draft *= ratio
-                    self._draft_by_n = {n_: t * ratio for n_, t in self._draft_by_n.items()}
-                    self._draft_line = None
-                n = 0
+                self._rescale_record(replace_recorded(self._verify, b, t_verify, self._prior - {b}))
+                self._level_from, n = b, 0
             elif n == 1 and t_verify < self._verify[b]:
+                if b == self._level_from:   # a cold first timing had set the record's level
+                    self._rescale_record(t_verify / self._verify[b], self._prior)
                 self._verify[b] = t_verify
             else:
                 weight = 0.5 if self._steps - last >= COST_STALE else COST_WEIGHT
@@ -344,6 +332,15 @@ class KController:
             self._prior.discard(b)
             self._curve = None
         self._since_plain = 0 if b == 1 else self._since_plain + 1
+
+    def _rescale_record(self, ratio: float, sizes: set[int] = frozenset()) -> None:
+        """Today's speed sets the level of recorded, untimed verify `sizes` and the draft cost."""
+        for b in sizes:
+            self._verify[b] *= ratio
+        if self._draft_prior:
+            self._draft *= ratio
+            self._draft_by_n = {n: t * ratio for n, t in self._draft_by_n.items()}
+            self._draft_line = None
 
     def _forget_unconfirmed(self) -> None:
         """Drop the recorded batch sizes no step has re-timed. A record written while the machine
@@ -364,7 +361,7 @@ class KController:
         if np.isfinite(t_draft) and t_draft >= 0:
             if self._draft_prior:
                 self._draft_by_n.setdefault(n_drafted, self._draft * n_drafted)
-                _replace_recorded(self._draft_by_n, n_drafted, t_draft, set(self._draft_by_n) - {n_drafted})
+                replace_recorded(self._draft_by_n, n_drafted, t_draft, set(self._draft_by_n) - {n_drafted})
                 self._draft, self._draft_prior = t_draft / n_drafted, False
             else:
                 self._draft = _ewma(self._draft, t_draft / n_drafted, COST_WEIGHT)
@@ -495,8 +492,8 @@ class KController:
                    by_position: list[float | None] | None = None,
                    draft_by_n: dict[int, float] | None = None) -> None:
         """Start from what an earlier run measured instead of from nothing: costs until they are
-        timed here (`_replace_recorded`), acceptance as a few pseudo-trials. With a draft cost and
-        an alpha the start-up drafting steps are skipped: after one plain step, which times the
+        timed here (`costs.replace_recorded`), acceptance as a few pseudo-trials. With a draft cost
+        and an alpha the start-up drafting steps are skipped: after one plain step, which times the
         plain cost now, the controller drafts the k those predict, or stays plain."""
         def usable(t) -> bool:  # a damaged record (inf, NaN, a string) must not reach the fits
             return isinstance(t, (int, float)) and math.isfinite(t) and t >= 0

@@ -1,4 +1,5 @@
-"""The cost of one decode of the draft model as a function of how many tokens it reads.
+"""The cost of one decode of the draft model as a function of how many tokens it reads, and how a
+warm start's recorded costs give way to today's timings (`replace_recorded`).
 
 After prompt-lookup steps the draft model is behind the text by what lookup got accepted, and its
 next proposal must first read those tokens. On a GPU that costs about one decode whatever the
@@ -58,3 +59,26 @@ class BatchCost:
 
     def snapshot(self) -> dict:
         return {str(n): t for n, t in sorted(self._by_n.items())}
+
+
+def replace_recorded(costs: dict[int, float], key: int, timed: float, others: set[int]) -> float:
+    """A warm start's cost gives way to the first timing made here, and the machine's speed now
+    (it drifts between runs) rescales the recorded costs not timed yet: the record keeps its
+    shape, this run sets its level. Returns the factor applied.
+
+    The factor is not bounded. A record written while other work held the cores can be 10× or 50×
+    too slow (seen: verify 910 ms against 17 ms today); a bounded factor (it was [0.5, 2]) left
+    the sizes not re-timed yet 5× too dear, the controller plain, and those sizes unvisited until
+    the controller's WARM_TRUST forgot them. The trade: one outlying first timing (a cold cache, a
+    pause) moves the whole record by as much. That leaves the choice of k alone while every cost
+    is the record's (tokens per second are compared, and a common factor cancels); the faster
+    second timing that replaces a cold first one moves the record back with it
+    (KController.observe_verify); and each other size's first timing sets the level again. What
+    stays is a spiked t_verify(1) beside re-timed drafting sizes until the next plain step
+    (REFRESH_PLAIN steps at most): the same as after a cold start's first timing."""
+    old = costs[key]
+    ratio = timed / old if old > 0 else 1.0
+    for other in others:
+        costs[other] *= ratio
+    costs[key] = timed
+    return ratio

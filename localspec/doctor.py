@@ -15,10 +15,11 @@ import shutil
 import subprocess
 from typing import Sequence
 
-from . import engine, warmstart
+from . import engine, machine, warmstart
 from .vocab import compare as compare_vocab
-from .calibrate import calibrate, chat_tokens, load_average
+from .calibrate import calibrate, chat_tokens
 from .config import SamplingConfig
+from .session import fit_threads
 
 MIN_SPEEDUP = 1.05    # below this, speculation is not worth it: recommend --drafter none
 CAL_CTX = 1024        # context the models are loaded with (the memory estimate uses --n-ctx)
@@ -260,10 +261,13 @@ def _recommend(calibration: dict, vocab: dict | None) -> dict:
 
 def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], *, n_ctx: int,
              threads: int | None, gpu_layers: dict[str, int], sampling: SamplingConfig,
-             seconds: float, forget: bool = False) -> dict:
+             seconds: float, forget: bool = False, save_anyway: bool = False) -> dict:
     """Load the pair (at CAL_CTX: the memory section extrapolates to n_ctx) and return the
-    sections build, models, vocab, memory, calibration, recommendation and warm_start (the
-    controller's record for this pair, which a calibration rewrites and `forget` deletes)."""
+    sections build, threads (and thread_choice: why that many), models, vocab, memory,
+    calibration, recommendation and warm_start (the controller's record for this pair, which a
+    calibration rewrites and `forget` deletes). A calibration during which other work took the
+    threads' cores is not written to the record (its timings describe a slower machine) unless
+    `save_anyway`."""
     from .config import ModelConfig
 
     for path in (target_path, draft_path):
@@ -274,17 +278,21 @@ def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], 
 
     def load(path: str, role: str):
         try:
-            return engine.Model(ModelConfig(path, CAL_CTX, threads, gpu_layers[role]))
+            return engine.Model(ModelConfig(path, CAL_CTX, threads or idle_threads, gpu_layers[role]))
         except engine.EngineError as e:
             if not build["gpu_offload"]:
                 raise
             raise engine.EngineError(f"{e} (if GPU memory ran out: lower --{role}-gpu-layers)") from None
 
+    # The threads fit the work on the machine as generate's do (session.fit_threads), seen while
+    # the models load; records are kept per thread count.
+    loading, idle_threads = machine.sample(), machine.choose_threads(None, other=0.0).threads
     target = load(target_path, "target")
     draft = None
     try:
         if draft_path is not None:
             draft = load(draft_path, "draft")
+        plan = fit_threads((target, draft), threads, 0, loading)
         models = {"target": target} | ({"draft": draft} if draft else {})
         shapes = {role: model_shape(m) for role, m in models.items()}
         for role, s in shapes.items():
@@ -294,17 +302,18 @@ def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], 
         usable = [d for d in drafters if d != "model" or (draft is not None and vocab["compatible"])]
         calibration = None
         if seconds > 0:
-            load = load_average()  # before calibrating: the other processes' load, not ours
             calibration = calibrate(target, draft, usable, sampling, seconds, chat_tokens(target))
-            calibration["load_average"] = load
             if len(usable) < len(drafters):
                 calibration["skipped"] = {"model": "vocabularies differ"}
         keys = [warmstart.pair_key(target, draft, gpu_layers)] + (
             [warmstart.pair_key(target, None, gpu_layers)] if draft else [])
         forgotten = [str(p) for p in map(warmstart.forget, keys) if p] if forget else []
-        saved = [str(p) for p in warmstart.save_calibration(target, draft, gpu_layers, calibration)]
-        warm = warmstart.describe(keys[0]) | {"forgotten": forgotten, "saved": saved}
-        return {"build": build, "models": {"target": shapes["target"], "draft": shapes.get("draft")},
+        busy = calibration["machine"]["busy"] if calibration else None
+        refused = busy if busy and not save_anyway else None
+        saved = [] if refused else [str(p) for p in warmstart.save_calibration(target, draft, gpu_layers, calibration)]
+        warm = warmstart.describe(keys[0]) | {"forgotten": forgotten, "saved": saved, "not_saved": refused}
+        return {"build": build, "threads": plan.threads, "thread_choice": plan.as_dict() | {"warning": plan.warning},
+                "models": {"target": shapes["target"], "draft": shapes.get("draft")},
                 "vocab": vocab, "memory": memory, "calibration": calibration,
                 "recommendation": recommend(calibration, vocab), "warm_start": warm}
     finally:

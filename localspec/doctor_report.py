@@ -21,6 +21,9 @@ def _warm_line(w: dict) -> str:
     if not w["enabled"]:
         return "off (LOCALSPEC_NO_WARM_START is set)"
     done = "".join(f"deleted {p}; " for p in w["forgotten"])
+    if w.get("not_saved"):   # doctor.diagnose: the calibration ran on a loaded machine
+        done += (f"this calibration was not saved ({w['not_saved']} while it ran: rerun when the machine "
+                 "is quiet, or pass --save-anyway); ")
     if not w["usable"]:
         why = "unusable (stale, foreign or corrupt: it will be replaced)" if w["exists"] else "none yet"
         return f"{done}{why}: runs on this pair start from nothing · {w['path']}"
@@ -36,6 +39,16 @@ def _warm_line(w: dict) -> str:
             f"{w['path']} (`doctor --forget` deletes it; --no-warm-start ignores it)")
 
 
+def _threads_line(t: dict) -> str:
+    """How many threads the models ran with, and why (localspec.machine.choose_threads)."""
+    other = t["other_cores"]
+    busy = (f"{t['cpus']} CPUs, other work unmeasured" if other is None
+            else f"other work kept {other:.1f} of the {t['cpus']} CPUs busy at the start")
+    why = "--threads" if t["requested"] is not None else "the default for the cores free now"
+    line = f"{t['threads']} ({why}: {busy})"
+    return line + (f" · warning: {t['warning']}" if t.get("warning") else "")
+
+
 def format_report(r: dict) -> str:
     b, lines = r["build"], []
     add = lines.append
@@ -45,6 +58,8 @@ def format_report(r: dict) -> str:
     for g in b["gpus"]:
         add(f"             GPU {g.get('name', '?')}: {_size(g.get('memory_free'))} free of {_size(g.get('memory_total'))}")
     add(f"             CPU features: {' '.join(b['cpu_features']) or '-'}")
+    if r.get("thread_choice"):
+        add("threads      " + _threads_line(r["thread_choice"]))
     for role, m in r["models"].items():
         if m:
             offload = "" if not b["gpu_offload"] else f" · gpu layers {'all' if m['gpu_layers'] < 0 else m['gpu_layers']}"
@@ -89,9 +104,11 @@ def format_report(r: dict) -> str:
                 f"{d['draft_cost'] * 1e3:.2f} ms/token{meas} · {best}")
         for name, why in c.get("skipped", {}).items():
             add(f"  {name:<10} skipped: {why}")
-        load = c.get("load_average")
-        if load and load["cpus"] and load["load_1min"] > load["cpus"]:
-            add(f"  note: machine busy (load {load['load_1min']:.1f} on {load['cpus']} CPUs): timings are noisy")
+        m = c.get("machine")
+        if m:   # the busy case is one of the warnings below
+            other = "" if m["other_cores"] is None else f", other work {m['other_cores']:.1f} cores"
+            threads = f"{m['threads']} thread{'s' if m['threads'] != 1 else ''}"
+            add(f"  machine    while calibrating: its {threads} got {m['cpu_share']:.0%} of their cores{other}")
         for w in c.get("warnings", []):
             add(f"  warning: {w}")
         if not b["gpu_offload"] and vc.get("8") and vc.get("1") and vc["8"] > 2 * vc["1"]:

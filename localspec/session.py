@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import vocab
+from . import machine, vocab
 from .config import DRAFTERS, NEEDS_DRAFT, ConfigError, ModelConfig
 from .conversation import prompt_fits
 from .drafters import Drafter, ModelDrafter, PromptLookup
@@ -36,7 +36,11 @@ class LoadConfig:
     n_ctx: int = 4096
     """Context length for both models."""
     threads: int | None = None
-    """CPU threads; None = localspec's choice for this machine."""
+    """CPU threads; None = fitted to the cores free once the models have loaded
+    (`machine.choose_threads`)."""
+    reserve_cores: int = 0
+    """Cores the thread choice leaves to the caller: 1 in chat (the screen) and serve (the event
+    loop), whose work would otherwise deschedule one of llama.cpp's spin-waiting threads."""
     target_gpu_layers: int = -1
     """Target layers offloaded to the GPU (-1 = all)."""
     draft_gpu_layers: int = -1
@@ -53,6 +57,8 @@ class LoadConfig:
                 raise ConfigError(f"--{role}-gpu-layers must be >= -1 (-1 = all), got {getattr(self, f'{role}_gpu_layers')}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.reserve_cores < 0:
+            raise ConfigError(f"reserve_cores must be >= 0, got {self.reserve_cores}")
 
 
 def resolve_files(cfg: LoadConfig, notice: Callable[[str], None] | None = None) -> LoadConfig:
@@ -87,6 +93,17 @@ def check_header(path: str | Path) -> None:
         raise EngineError(f"failed to load {p}: {load_failure(p, ())}")
 
 
+def fit_threads(models, requested: int | None, reserve: int, since: machine.Sample) -> machine.Threads:
+    """Give the loaded `models` (None entries skipped) the thread count for the cores other work
+    left free since `since` (taken before they loaded): the one rule, `machine.choose_threads`.
+    An explicit `requested` is kept; the returned choice's `warning` says when it outnumbers them."""
+    plan = machine.choose_threads(requested, reserve, machine.other_now(since))
+    for model in models:
+        if model is not None and model.n_threads != plan.threads:
+            model.set_threads(plan.threads)
+    return plan
+
+
 def _load(cfg: ModelConfig) -> Model:
     return _with_rebuild_hint(Model, cfg, path=cfg.path)
 
@@ -107,16 +124,21 @@ def _with_rebuild_hint(call, arg, path=None):
 class Session:
     """A loaded target, an optional draft model, and the drafter choice."""
 
-    def __init__(self, target: Model, draft: Model | None, drafter: str):
+    def __init__(self, target: Model, draft: Model | None, drafter: str, threads: machine.Threads | None = None):
         self.target = target
         self.draft = draft
         self.drafter_kind = drafter
+        self.threads = threads   # how the thread count was chosen (generate --json reports it)
 
     @classmethod
     def load(cls, cfg: LoadConfig, notice: Callable[[str], None] | None = None) -> "Session":
         cfg = resolve_files(cfg, notice)
         target_path, draft_path, drafter = cfg.target, cfg.draft, cfg.drafter
-        target = _load(ModelConfig(target_path, cfg.n_ctx, cfg.threads, cfg.target_gpu_layers))
+        # Loading takes long enough to see what other work keeps busy meanwhile, at no extra wait;
+        # the models load with the idle count and take the fitted one after (`_fit_threads`).
+        loading = machine.sample()
+        threads = cfg.threads or machine.choose_threads(None, cfg.reserve_cores, other=0.0).threads
+        target = _load(ModelConfig(target_path, cfg.n_ctx, threads, cfg.target_gpu_layers))
         if target.recurrent and drafter != "none":
             target.close()
             # Rejected drafts must be removed from the cache; a recurrent state cannot be rewound.
@@ -127,14 +149,17 @@ class Session:
         draft = None
         if draft_path is not None:
             try:
-                draft = _load(ModelConfig(draft_path, cfg.n_ctx, cfg.threads, cfg.draft_gpu_layers))
+                draft = _load(ModelConfig(draft_path, cfg.n_ctx, threads, cfg.draft_gpu_layers))
                 vocab.check(target, draft)
             except BaseException:
                 if draft is not None:
                     draft.close()
                 target.close()
                 raise
-        return cls(target, draft, drafter)
+        plan = fit_threads((target, draft), cfg.threads, cfg.reserve_cores, loading)
+        if plan.warning:
+            (notice or (lambda m: print(m, file=sys.stderr, flush=True)))(f"localspec: {plan.warning}")
+        return cls(target, draft, drafter, plan)
 
     def make_drafter(self, kind: str | None = None) -> Drafter | None:
         kind = kind or self.drafter_kind

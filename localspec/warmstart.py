@@ -15,6 +15,13 @@ One JSON record per model pair, machine, thread count and GPU layers, in `<cache
 `localspec doctor` shows the record and `doctor --forget` deletes it; `--no-warm-start` (or
 LOCALSPEC_NO_WARM_START=1) neither reads nor writes it. A stale, foreign or corrupt record is
 ignored (a note under LOCALSPEC_VERBOSE), never fatal.
+
+A run during which other work took the cores its threads needed (`machine.loaded`) saves its α
+but not its timings: α depends on the text and the pair, not on the load, while the timings would
+describe a machine slower than this one (seen: verify 910 ms against 17 ms, which then kept later
+runs plain). Not saving beats saving them down-weighted: a record is replayed as one set of costs,
+so a down-weighted one would still set the first steps' choices, and the previous, quiet record is
+the better start. `measured` keeps the conditions a record's timings were taken in.
 """
 
 from __future__ import annotations
@@ -28,12 +35,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
+from . import machine
 from .controller import KController
 from .machine import usable_cpus
 
 SCHEMA = "localspec.controller/1"
 MAX_AGE_DAYS = 30   # older records are stale: drivers, builds and machines change
+
+# Per controller, when what it has timed since began (its `load_into` or last `save`): the window
+# whose other work `save` judges when the caller has no decoding window of its own to give.
+_since: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def enabled() -> bool:
@@ -167,7 +180,9 @@ def apply(controller: KController, rec: dict | None, drafter: str, temperature: 
 
 
 def load_into(controller: KController, session, drafter: str, temperature: float) -> bool:
-    """Read the record of this session's pair and warm-start `controller` from it."""
+    """Read the record of this session's pair and warm-start `controller` from it; opens the
+    window whose load `save` judges."""
+    _since[controller] = machine.sample()
     if not enabled() or controller.fixed_k is not None:
         return False
     try:
@@ -178,24 +193,50 @@ def load_into(controller: KController, session, drafter: str, temperature: float
         return False
 
 
-def save(controller: KController, session, drafter: str | None, temperature: float) -> Path | None:
-    """Merge what `controller` learned into this session's record. Never raises."""
+def save(controller: KController, session, drafter: str | None, temperature: float,
+         run: machine.Usage | None = None) -> Path | None:
+    """Merge what `controller` learned into this session's record. Never raises. `run`: what the
+    CPUs did while it decoded (`machine.usage` over the run); default, since the controller's
+    `load_into` or last save, which is judged by other work only (idle time in it, a chat's user
+    typing, would read as a low CPU share). Timings taken on a loaded machine are not saved."""
     if not enabled():
         return None
     learned = controller.learned()
     if not learned["verify"]:
         return None
+    threads = session.target.n_threads
+    busy = _loaded_during(controller, run, threads)
+    if busy:
+        _note(f"warm start: timings not saved: {busy} during the run (α is)")
     drafter = record_name(drafter)
     update: dict = {}
     if drafter and drafter != "none":
-        update = {f: learned[f] for f in ("draft_cost", "resume_cost", "draft_by_n") if learned[f] is not None}
+        if not busy:
+            update = {f: learned[f] for f in ("draft_cost", "resume_cost", "draft_by_n") if learned[f] is not None}
         if learned["alpha"] is not None:
             update["alpha"] = {band(temperature): {
                 "alpha": learned["alpha"], "by_position": learned["by_position"], "trials": learned["trials"]}}
+    if busy and not update:
+        return None
     try:
-        return _merge(session_key(session), learned["verify"], {drafter: update} if update else {})
+        return _merge(session_key(session), {} if busy else learned["verify"], {drafter: update} if update else {},
+                      None if busy or run is None else run.as_dict(threads))
     except Exception as e:
         _note(f"warm start: could not save the controller record ({type(e).__name__}: {e})")
+        return None
+
+
+def _loaded_during(controller: KController, run: machine.Usage | None, threads: int) -> str | None:
+    """Why `controller`'s timings since its window opened were taken on a loaded machine, or None;
+    opens the next window. Never raises: a machine that cannot be read is taken as quiet."""
+    try:
+        if run is None and controller in _since:
+            window = machine.usage(_since[controller])
+            run = window if window.other_cores is not None else None
+        _since[controller] = machine.sample()
+        return machine.loaded(run, threads) if run is not None else None
+    except Exception as e:  # noqa: BLE001 - a warm start is an optimisation
+        _note(f"warm start: could not tell whether the machine was loaded ({type(e).__name__}: {e})")
         return None
 
 
@@ -220,16 +261,19 @@ def save_calibration(target, draft, gpu_layers: dict[str, int], calibration: dic
     for i, k in enumerate(keys):
         try:
             use = drafters if i == 0 else {n: d for n, d in drafters.items() if n == "lookup"}
-            written.append(_merge(k, verify, use))
+            written.append(_merge(k, verify, use, calibration.get("machine")))
         except Exception as e:
             _note(f"warm start: could not save the calibration ({type(e).__name__}: {e})")
     return written
 
 
-def _merge(k: dict, verify: dict, drafters: dict) -> Path:
-    """Update the record of key `k` (verify costs by size, per-drafter fields) atomically."""
+def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None) -> Path:
+    """Update the record of key `k` (verify costs by size, per-drafter fields) atomically;
+    `measured`: the conditions new timings were taken in (`machine.Usage.as_dict`)."""
     rec = read(k) or {"schema": SCHEMA, "key": k, "verify": {}, "drafters": {}}
     rec["verify"].update({str(b): float(t) for b, t in verify.items()})
+    if measured is not None:
+        rec["measured"] = measured
     for name, fields in drafters.items():
         d = rec["drafters"].setdefault(name, {})
         alpha = fields.get("alpha", {})
@@ -271,5 +315,6 @@ def describe(k: dict) -> dict:
     rec = read(k) if enabled() else None
     out: dict = {"path": str(path), "enabled": enabled(), "exists": path.exists(), "usable": rec is not None}
     if rec is not None:
-        out.update(age_days=(time.time() - rec["saved"]) / 86400, verify=rec["verify"], drafters=rec["drafters"])
+        out.update(age_days=(time.time() - rec["saved"]) / 86400, verify=rec["verify"], drafters=rec["drafters"],
+                   measured=rec.get("measured"))
     return out

@@ -560,3 +560,57 @@ def test_a_record_from_a_busy_moment_is_forgotten_unless_confirmed():
         drafted.append(k)
     assert not any(drafted[:WARM_TRUST - 1])
     assert np.mean(np.array(drafted[WARM_TRUST + 40:]) > 1) > 0.9, np.bincount(drafted)
+
+
+def _tokens_run(ctrl, seed, n_tokens, rate_at, verify, draft) -> list[int]:
+    """The ks of a simulated run that stops after n_tokens tokens (a generate --max-tokens run)."""
+    rng, ks, done = np.random.default_rng(seed), [], 0
+    while done < n_tokens:
+        k = ctrl.choose(max(n_tokens - done - 1, 0))
+        n_acc = 0
+        while n_acc < k and rng.random() < rate_at(n_acc + 1):
+            n_acc += 1
+        ctrl.observe(k, k, n_acc, k * draft * (1 + 0.05 * rng.uniform(-1, 1)),
+                     verify(k + 1) * (1 + 0.05 * rng.uniform(-1, 1)))
+        ks.append(k)
+        done += n_acc + 1
+    return ks
+
+
+@pytest.mark.parametrize("slow_draft", [10, 1], ids=["all 10x", "verify 10x"])
+@pytest.mark.parametrize("name", ["cpu f32 target, q4 draft, alpha 0.95", "steep curve, alpha 0.9",
+                                  "nearly flat curve, alpha 0.9"])
+def test_a_record_from_a_busy_machine_costs_a_step_not_the_run(name, slow_draft):
+    """A record written while other work held the cores: verify 10× slower than this machine
+    (and the draft too, or not). Within N = 8 steps the run drafts as well as it can, and a
+    256-token run keeps >= 90% of the throughput of a run from a correct record or from nothing.
+    The expected throughput of the chosen ks is compared, so acceptance luck does not count."""
+    rate_at, draft, verify = CASES[name]
+    rates = [rate_at(i) for i in range(1, 13)]
+    tokens, seconds = true_throughput(rates, draft, verify, 12)
+    best = (tokens / seconds).max() * seconds[0]
+
+    def speed(ks):
+        return realised_vs_plain(ks, rates, draft, verify)
+
+    for seed in range(3):
+        right = _learned_on(rate_at, draft, verify, seed=seed)
+        busy = _learned_on(rate_at, slow_draft * draft, lambda b: 10 * verify(b), seed=seed)
+        poisoned = _tokens_run(_warm(busy), seed, 256, rate_at, verify, draft)
+        assert speed(poisoned[8:]) >= 0.95 * best, (seed, poisoned[:16])
+        for other in (_warm(right), KController(k_max=12)):
+            assert speed(poisoned) >= 0.9 * speed(_tokens_run(other, seed, 256, rate_at, verify, draft)), seed
+
+
+def test_a_cold_first_timing_that_set_the_record_level_is_undone_by_a_faster_second():
+    """The first plain timing ran cold (+40%) and scaled the whole record up; the second, faster,
+    replaces it and takes the sizes not timed yet back down with it (and the recorded draft cost)."""
+    learned = _learned_on(lambda i: 0.9, 2 * MS, cpu_verify, steps=200)
+    warm = _warm(learned)
+    before = [warm.verify_cost(b) for b in range(1, 14)]
+    draft = warm.draft_cost
+    warm.observe(0, 0, 0, 0.0, before[0] * 1.4)
+    np.testing.assert_allclose([warm.verify_cost(b) for b in range(1, 14)], np.array(before) * 1.4, rtol=1e-9)
+    warm.observe(0, 0, 0, 0.0, before[0])
+    np.testing.assert_allclose([warm.verify_cost(b) for b in range(1, 14)], before, rtol=1e-9)
+    assert warm.draft_cost == pytest.approx(draft)

@@ -114,11 +114,10 @@ def resolved():
 
 
 def threads_default(path: tuple[str, ...]) -> int | None:
-    """HOOK for --threads (issue 20): the thread count `path` uses when --threads is not given,
-    as its code computes it, once the help shows that number. The thread-count resolution is
-    being reworked elsewhere; until its help shows a computed number this returns None and the
-    --threads text is not compared (see `test_threads_hook_is_filled_once_the_help_shows_a_number`)."""
-    return None
+    """The thread count `path` uses when --threads is not given, as its code computes it."""
+    from localspec import cli_options
+
+    return cli_options.threads_default(path[0]) if path else None
 
 
 def _drafter_default(phrase: str, at: At) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from localspec import warmstart
+from localspec import machine, warmstart
 from localspec.controller import KController
 
 CLI = [sys.executable, "-m", "localspec"]
@@ -135,26 +134,101 @@ def test_turned_off_reads_and_writes_nothing(pair, monkeypatch):
     assert not warmstart.directory().exists() or not list(warmstart.directory().iterdir())
 
 
+@pytest.fixture
+def two_cpus(monkeypatch):
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 2)
+
+
+QUIET = machine.Usage(5.0, 1.9, 0.1)
+HOGGED = machine.Usage(5.0, 1.3, 1.0)         # a CPU hog on one of the 2 cores
+STARVED = machine.Usage(5.0, 0.8, None)       # no /proc/stat: the 2 threads got 40% of their cores
+
+
+@pytest.mark.parametrize("run", [HOGGED, STARVED], ids=["other work on a core", "low cpu share"])
+def test_a_run_on_a_loaded_machine_keeps_its_alpha_but_not_its_timings(pair, two_cpus, run):
+    quiet = warmstart.save(_trained(), pair, "model", 0.0, run=QUIET)
+    before = json.loads(quiet.read_text())
+    slow = KController(8)
+    for _ in range(20):
+        slow.observe(4, 4, 4, 0.02 * 4, 0.3)    # 10× the quiet run's costs, every draft accepted
+    warmstart.save(slow, pair, "model", 0.0, run=run)
+    after = json.loads(quiet.read_text())
+    assert after["verify"] == before["verify"] and after["measured"] == before["measured"]
+    assert after["drafters"]["model"]["draft_cost"] == before["drafters"]["model"]["draft_cost"]
+    assert after["drafters"]["model"]["alpha"]["greedy"]["alpha"] > before["drafters"]["model"]["alpha"]["greedy"]["alpha"]
+    assert before["measured"] == {"seconds": 5.0, "threads": 2, "cpu_share": 0.95, "other_cores": 0.1}
+
+
+def test_a_loaded_run_writes_no_record_of_timings_where_none_was(pair, two_cpus):
+    path = warmstart.save(_trained(), pair, "model", 0.0, run=HOGGED)
+    assert path is None or json.loads(path.read_text())["verify"] == {}
+    c = KController(8)
+    assert not warmstart.load_into(c, pair, "model", 0.0)
+    assert c.choose() == 4    # cold: nothing of that run's timings to start from
+    assert warmstart.save(_trained(), pair, "none", 0.0, run=HOGGED) is None   # plain: nothing else to keep
+
+
+def test_without_a_window_given_other_work_since_load_into_decides(pair, two_cpus, monkeypatch):
+    """bench, serve and chat save without a window of their own: the span since the controller's
+    `load_into` (or last save) is judged by other work only, as it may hold idle time."""
+    c = _trained()
+    warmstart.load_into(c, pair, "model", 0.0)
+    monkeypatch.setattr(machine, "usage", lambda before, after=None: HOGGED)
+    assert warmstart.save(c, pair, "model", 0.0) is None or not warmstart.read(warmstart.session_key(pair))["verify"]
+    monkeypatch.setattr(machine, "usage", lambda before, after=None: machine.Usage(60.0, 0.05, 0.1))  # idle
+    assert warmstart.save(c, pair, "model", 0.0) is not None
+    assert warmstart.read(warmstart.session_key(pair))["verify"]
+
+
 def _generate(model_paths, *extra):
+    """One `generate --json` run, in this process so that `machine.loaded` can be set (whether the
+    machine the tests share is busy must not decide what they see)."""
+    from typer.testing import CliRunner
+
+    from localspec.cli import app
+
     args = ["generate", "Tell me about lighthouses.", "--target", str(model_paths[0]), "--draft",
-            str(model_paths[1]), "--max-tokens", "16", "--temperature", "0", "--json", *extra]
-    r = subprocess.run(CLI + args, capture_output=True, text=True, timeout=300, env=os.environ.copy())
-    assert r.returncode == 0, r.stderr
+            str(model_paths[1]), "--max-tokens", "16", "--temperature", "0", "--json", *(extra or THREADS)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 
 
-def test_generate_starts_warm_from_the_second_run(model_paths, warm_cache):
+# Records are kept per thread count, and without --threads each run fits its count to the work on
+# the machine at its start: runs that must share a record name one count, whatever else runs.
+THREADS = ("--threads", "1")
+
+
+def _machine_is(monkeypatch, busy: str | None) -> None:
+    monkeypatch.setattr(machine, "loaded", lambda run, threads, cpus=None: busy)
+
+
+@pytest.fixture
+def quiet(monkeypatch):
+    _machine_is(monkeypatch, None)
+
+
+def test_generate_on_a_loaded_machine_leaves_no_timings_to_start_from(model_paths, warm_cache, monkeypatch):
+    _machine_is(monkeypatch, "other work kept 1.0 of the 2 cores busy")
+    assert _generate(model_paths)["warm_start"] is False
+    assert _generate(model_paths)["warm_start"] is False
+    for f in (warm_cache / "controller").glob("*.json"):
+        assert json.loads(f.read_text())["verify"] == {}
+
+
+def test_generate_starts_warm_from_the_second_run(model_paths, warm_cache, quiet):
     assert _generate(model_paths)["warm_start"] is False
     files = list((warm_cache / "controller").glob("*.json"))
     assert len(files) == 1
     second = _generate(model_paths)
     assert second["warm_start"] is True
-    assert _generate(model_paths, "--no-warm-start")["warm_start"] is False
+    assert _generate(model_paths, *THREADS, "--no-warm-start")["warm_start"] is False
 
 
-def test_doctor_shows_and_forgets_the_record(model_paths, warm_cache):
+def test_doctor_shows_and_forgets_the_record(model_paths, warm_cache, quiet):
     _generate(model_paths)
-    args = ["doctor", "--target", str(model_paths[0]), "--draft", str(model_paths[1]), "--seconds", "0", "--json"]
+    args = ["doctor", "--target", str(model_paths[0]), "--draft", str(model_paths[1]), "--seconds", "0",
+            *THREADS, "--json"]
     run = lambda *x: subprocess.run(CLI + args + list(x), capture_output=True, text=True, timeout=300)  # noqa: E731
     shown = json.loads(run().stdout)["warm_start"]
     assert shown["usable"] and "model" in shown["drafters"]

@@ -20,7 +20,7 @@ import numpy as np
 import llama_cpp as C
 
 from ..config import ModelConfig
-from ..machine import usable_cpus
+from ..machine import default_threads  # noqa: F401 - the rule lives in machine; quantize takes it from here
 from ..prefix import common_prefix
 from . import chat, interrupt
 from .files import EngineError, check_gguf, load_failure
@@ -63,13 +63,6 @@ def _init_backend() -> None:
         C.llama_log_set(_log_callback, ctypes.c_void_p(0))
         C.llama_backend_init()
         _backend_ready = True
-
-
-def default_threads() -> int:
-    """Threads for decoding: every core on small machines, half the logical CPUs (≈ physical cores
-    on SMT machines) on bigger ones, since llama.cpp slows down when it oversubscribes."""
-    n = usable_cpus()
-    return n if n <= 4 else n // 2
 
 
 def gpu_offload_supported() -> bool:
@@ -377,6 +370,15 @@ class Model:
             "n_embd": int(C.llama_model_n_embd(self._model)),
             "threads": self.n_threads,
         }
+
+    def set_threads(self, n: int) -> None:
+        """Decode (and prefill) with `n` threads from now on: the count is fitted to the work on
+        the machine once the models have loaded (machine.choose_threads), which a context made
+        with another count takes without being made again."""
+        if n < 1:
+            raise ValueError(f"threads must be >= 1, got {n}")
+        C.llama_set_n_threads(self._ctx, n, n)
+        self.n_threads = n
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
