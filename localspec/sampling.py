@@ -179,19 +179,20 @@ def _nucleus_candidates(row: np.ndarray, m: float, top_p: float, floor: float, i
     the max (`ids`, `vals`: those within the first depth), widened until they hold top_p of it.
     Returns (ids, logits, mass) where the ids hold the nucleus, or the min-p set when the
     nucleus reaches below min-p's floor; the mass is relative to exp(max)."""
-    if m < 80.0:   # exp(logit) itself cannot overflow float32: one pass, no subtraction first
-        w, scale = np.exp(row), math.exp(-m)
-    else:
-        w, scale = np.exp(row - np.float32(m)), 1.0
+    # Always relative to the max: a float32 exp(logit) underflows to 0 below about -103 (and loses
+    # digits below -87), so a row whose max logit was near -110 kept 3 tokens instead of 1,276 at
+    # top-p 0.9; above +88 it overflows.
+    w = np.subtract(row, np.float32(m))
+    np.exp(w, out=w)
     # float64 accumulation: a float32 sum's ~1e-7 error moves top-p 0.999 cuts by whole tokens
-    total = float(w.sum(dtype=np.float64)) * scale
+    total = float(w.sum(dtype=np.float64))
     need = top_p * total
     for i, near in enumerate(_NUCLEUS_DEPTHS):
         near = min(near, m - floor)
         if i:
             ids = np.flatnonzero(row >= np.float32(m - near)) if math.isfinite(near) else np.arange(len(row))
             vals = row[ids]
-        mass = float(w[ids].sum(dtype=np.float64)) * scale
+        mass = float(w[ids].sum(dtype=np.float64))
         if mass >= need or near >= m - floor:
             break
     return ids, vals, total

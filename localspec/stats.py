@@ -1,6 +1,12 @@
 """Running totals over decoder steps: α, draft efficiency, tokens per target pass, speed, latency
 percentiles.
 
+Tokens per target pass = generated tokens / the target passes that put at least one token into the
+output. A pass that ends the generation may put none there: it produced only the end-of-generation
+token (never shown), or a stop string cut all it made, perhaps with tokens of earlier passes. Such
+a pass is not counted (and neither is an earlier one whose tokens a stop string all took back), so
+plain decoding always reads exactly 1.0 — not 0.75 for a 3-token reply that ended on its 4th pass.
+
 α is the per-token acceptance probability, the α of E(α, k) = (1 − α^(k+1)) / (1 − α): accepted /
 tested draft positions, where a step tests its drafted positions up to and including the first
 rejection (the rule stops there). Draft efficiency is accepted / drafted: it also counts the
@@ -36,10 +42,12 @@ def positions_tested(n_drafted: int, n_accepted: int) -> int:
 @dataclass
 class RunStats:
     """Accumulates `Step`s. α = accepted / tested positions (see the module docstring); draft
-    efficiency = accepted / drafted; tokens per step = tokens per target pass."""
+    efficiency = accepted / drafted; tokens per step = tokens per target pass (generated tokens /
+    `n_passes`)."""
 
     n_tokens: int = 0
     n_steps: int = 0
+    n_passes: int = 0   # passes with a token in the output: what tokens per pass divides by
     n_drafted: int = 0
     n_accepted: int = 0
     n_tested: int = 0   # drafted positions up to and including each step's first rejection
@@ -60,6 +68,8 @@ class RunStats:
     # Inter-token latency samples: a step of m tokens taking s seconds gives m samples of s / m.
     step_seconds: list[float] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
+    # Output tokens of each pass counted in n_passes, in order: a stop string takes back the last ones.
+    pass_tokens: list[int] = field(default_factory=list)
     # Who served each step ("plain", "model", "lookup", "mixed"), and accepted draft tokens by
     # whom proposed them ("model", "lookup").
     sources: list[str] = field(default_factory=list)
@@ -72,6 +82,18 @@ class RunStats:
         made = len(step.tokens) - step.withdrawn
         self.n_tokens += made
         self.n_steps += 1
+        if step.tokens:
+            self.n_passes += 1
+            self.pass_tokens.append(len(step.tokens))
+        back = step.withdrawn
+        while back and self.pass_tokens:
+            # Withdrawn tokens are the output's last ones; a pass left with none no longer counts.
+            take = min(back, self.pass_tokens[-1])
+            back -= take
+            self.pass_tokens[-1] -= take
+            if not self.pass_tokens[-1]:
+                self.pass_tokens.pop()
+                self.n_passes -= 1
         self.n_drafted += step.n_drafted
         self.n_accepted += step.n_accepted
         self.n_tested += positions_tested(step.n_drafted, step.n_accepted)
@@ -122,7 +144,8 @@ class RunStats:
 
     @property
     def tokens_per_step(self) -> float | None:
-        return self.n_tokens / self.n_steps if self.n_steps else None
+        """Tokens per target pass (see the module docstring); None when no pass emitted a token."""
+        return self.n_tokens / self.n_passes if self.n_passes else None
 
     @property
     def tokens_per_second(self) -> float | None:

@@ -14,21 +14,22 @@ position 1 with fresh drafts, as the decoder would.
 The same harness run with deliberately wrong rules must fail the same check, and the per-token
 acceptance must match sum_x min(p(x), q(x)).
 
+Those cases have V <= 8. A second set hands the rule untruncated (`Dense`) rows over 5,000 tokens,
+several of dists.BLOCK, and checks each part of the rule against its analytic law: the acceptance
+rate, the token drawn at a rejection against norm(max(0, p - q)), the bonus token against p, and
+the emitted tokens against the target alone; the shared wrong rules must fail there too.
+
 Statistic: Pearson chi-square, not total variation. With V <= 8 a TV <= 0.01 bound would do for
 the first token, but the joint has up to 64 cells, where the TV of an exact sampler's empirical
 distribution at N = 100k is itself ~0.01, so a TV bound is either noisy or blunt there. The
-chi-square statistic uses the per-cell variance, so one check works for both. Its critical value
-at alpha = 1e-4 comes from the Wilson-Hilferty approximation (scipy is not installed), which is
-slightly conservative (too large) for small df. Cells with expected count < 5 are pooled so the
-chi-square approximation holds; cells with probability exactly 0 are not tested statistically but
-must have count exactly 0 (one forbidden token is a failure however rare).
+chi-square statistic uses the per-cell variance, so one check works for both (tests/law_helpers.py:
+critical values at alpha = 1e-4, small cells pooled, one forbidden token fails).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,62 +37,15 @@ import pytest
 
 from localspec.acceptance import accept_greedy, accept_sampled
 from localspec.config import SamplingConfig
-from localspec.dists import Dense, Sparse
-from localspec.sampling import probabilities, sample
+from localspec.dists import BLOCK, Dense, Sparse
+from localspec.sampling import distribution, probabilities, sample
+from tests.law_helpers import Check, always_accept, chi2_check, chi2_critical, residual_is_p
 
 N = 100_000
-ALPHA = 1e-4
 
 
 # --------------------------------------------------------------------------------------------
-# The statistical check
-
-
-def chi2_critical(df: int, alpha: float = ALPHA) -> float:
-    """Upper-alpha critical value of chi-square(df), Wilson-Hilferty approximation."""
-    z = statistics.NormalDist().inv_cdf(1.0 - alpha)
-    h = 2.0 / (9.0 * df)
-    return df * (1.0 - h + z * math.sqrt(h)) ** 3
-
-
-@dataclass
-class Check:
-    ok: bool
-    stat: float
-    crit: float
-    df: int
-    forbidden: int  # draws that landed on probability-0 cells
-
-    def __str__(self) -> str:
-        return (
-            f"chi2={self.stat:.1f} crit={self.crit:.1f} (df={self.df}, alpha={ALPHA}) "
-            f"forbidden={self.forbidden}"
-        )
-
-
-def chi2_check(counts: np.ndarray, probs: np.ndarray) -> Check:
-    counts = np.asarray(counts, dtype=np.float64).ravel()
-    probs = np.asarray(probs, dtype=np.float64).ravel()
-    n = counts.sum()
-    zero = probs == 0.0
-    forbidden = int(counts[zero].sum())
-    c, e = counts[~zero], n * probs[~zero] / probs[~zero].sum()
-    small = e < 5.0
-    if small.any():
-        pooled_c, pooled_e = c[small].sum(), e[small].sum()
-        c, e = c[~small], e[~small]
-        if pooled_e >= 5.0 or len(c) == 0:
-            c, e = np.append(c, pooled_c), np.append(e, pooled_e)
-        else:  # fold a too-small pool into the largest cell
-            j = int(np.argmax(e))
-            c[j] += pooled_c
-            e[j] += pooled_e
-    df = len(c) - 1
-    if df == 0:  # a single allowed cell: only the forbidden cells can fail
-        return Check(forbidden == 0, 0.0, 0.0, 0, forbidden)
-    stat = float(((c - e) ** 2 / e).sum())
-    crit = chi2_critical(df)
-    return Check(forbidden == 0 and stat <= crit, stat, crit, df, forbidden)
+# The statistical check (tests/law_helpers.py)
 
 
 def test_chi2_critical_matches_tables():
@@ -386,21 +340,6 @@ def test_case_set_covers_the_brief():
 # Teeth: the same harness and check reject wrong rules
 
 
-def wrong_accept_always(draft, p, q, rng):
-    k = len(draft)
-    return k, sample(p[k], rng)
-
-
-def wrong_residual_is_p(draft, p, q, rng):
-    """Correct acceptance test, but on rejection resample from p instead of norm(max(0, p - q))."""
-    for i, x in enumerate(draft):
-        q_x = 1.0 if q is None else q[i, x]
-        if rng.random() * q_x < p[i, x]:
-            continue
-        return i, sample(p[i], rng)
-    return len(draft), sample(p[len(draft)], rng)
-
-
 def wrong_accept_with_p(draft, p, q, rng):
     """Accept with probability p(x), ignoring q; correct residual."""
     for i, x in enumerate(draft):
@@ -436,11 +375,14 @@ def wrong_bonus_off_by_one(draft, p, q, rng):
     return n, t
 
 
+# The shared wrong rules (tests/law_helpers.py) take distributions, as the real rule does.
+ON_DISTS = (always_accept, residual_is_p)
+
 WRONG = [
     # (rule, case, which check must fail)
-    (wrong_accept_always, "dirichlet_k3", "first"),
-    (wrong_accept_always, "p_zero_where_q_positive", "first"),  # emits tokens with p = 0
-    (wrong_residual_is_p, "dirichlet_k3", "first"),
+    (always_accept, "dirichlet_k3", "first"),
+    (always_accept, "p_zero_where_q_positive", "first"),  # emits tokens with p = 0
+    (residual_is_p, "dirichlet_k3", "first"),
     (wrong_accept_with_p, "dirichlet_k3", "first"),
     (wrong_lookup_keeps_x, "lookup_k3", "first"),
     (wrong_renormalised_q, "draft_vocab_wider", "first"),
@@ -451,7 +393,7 @@ WRONG = [
 @functools.lru_cache(maxsize=None)
 def wrong_run(rule, name):
     case = make_case(name)
-    return case, run_rule(rule, case, seed=sum(map(ord, name)) + 7)
+    return case, run_rule(rule, case, seed=sum(map(ord, name)) + 7, form="sparse" if rule in ON_DISTS else None)
 
 
 @pytest.mark.parametrize("rule,name,which", WRONG, ids=[f"{w[0].__name__}-{w[1]}" for w in WRONG])
@@ -468,6 +410,109 @@ def test_off_by_one_bonus_is_invisible_to_the_first_token():
     """Why the joint check exists: this wrong rule passes the first-token check."""
     case, run = wrong_run(wrong_bonus_off_by_one, "dirichlet_k1")
     assert check_first(case, run).ok
+
+
+# --------------------------------------------------------------------------------------------
+# Untruncated rows at a real vocabulary size: the `Dense` path, across blocks
+
+V_DENSE = 5000   # 4 full dists.BLOCKs and a partial one
+N_DENSE = 60_000
+UNTRUNCATED_P = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+UNTRUNCATED_Q = SamplingConfig(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def dense_case(name: str) -> Case:
+    """Target and draft rows as untruncated sampling makes them (`Dense`), over V_DENSE tokens.
+
+    "dense_k3": the draft has none of the target's mass in block 3 (all of it must come from the
+    residual), and the target none in the partial last block, where the draft puts ~17 % of its
+    mass (every such draft must be rejected). "dense_lookup_k1": a one-hot draft of each row's
+    most likely token, then the bonus row."""
+    rng = np.random.default_rng(sum(map(ord, name)))
+    k = 3 if name == "dense_k3" else 1
+    lp = rng.normal(0.0, 2.0, size=(k + 2, V_DENSE)).astype(np.float32)
+    lp[:, 4 * BLOCK:] = -np.inf
+    assert all(isinstance(distribution(row, UNTRUNCATED_P), Dense) for row in lp)
+    p = probabilities(lp, UNTRUNCATED_P)
+    if name == "dense_lookup_k1":
+        return Case(k, p, None, lookup=tuple(int(i) for i in p[: k + 1].argmax(axis=1)))
+    lq = lp[: k + 1] + rng.normal(0.0, 1.0, size=(k + 1, V_DENSE)).astype(np.float32)
+    lq[:, 4 * BLOCK:] = rng.normal(0.0, 2.0, size=(k + 1, V_DENSE - 4 * BLOCK))
+    lq[:, 3 * BLOCK:4 * BLOCK] = -np.inf
+    return Case(k, p, probabilities(lq, UNTRUNCATED_Q))
+
+
+def by_block(tokens: np.ndarray, probs: np.ndarray) -> Check:
+    """Chi-square of `tokens` against `probs` over V_DENSE tokens: a token expected >= 20 times
+    is a cell of its own, the others are pooled per block (a wrong block moves a whole cell), and
+    every probability-0 token is forbidden."""
+    ok = tokens < len(probs)
+    counts = np.bincount(tokens[ok], minlength=len(probs)).astype(np.float64)
+    probs = probs / probs.sum()
+    single = probs * len(tokens) >= 20
+    rest = ~single & (probs > 0)
+    block = np.arange(len(probs)) // BLOCK
+    n_blocks = int(block[-1]) + 1
+    c = np.concatenate([counts[single], np.bincount(block[rest], counts[rest], n_blocks), [counts[probs == 0].sum()]])
+    e = np.concatenate([probs[single], np.bincount(block[rest], probs[rest], n_blocks), [0.0]])
+    return _with_out_of_range(chi2_check(c, e), int((~ok).sum()))
+
+
+def residual_of(case: Case, i: int) -> np.ndarray:
+    """What a rejection at position i draws from: norm(max(0, p_i - q_i)), or p_i without the
+    lookup token."""
+    if case.q is None:
+        r = case.p[i].copy()
+        r[case.lookup[i]] = 0.0
+        return r
+    return np.maximum(case.p[i] - case.q[i], 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def dense_run(rule, name: str) -> Run:
+    return run_rule(rule, dense_case(name), seed=sum(map(ord, name)), n=N_DENSE, form="dense")
+
+
+def dense_laws(case: Case, run: Run) -> dict[str, Check]:
+    """The emitted tokens against the target alone, and the rule's parts against their analytic
+    laws: the residual at a rejection at position 0 and 1, the bonus token after k accepted."""
+    laws = {"first": by_block(run.first, case.p[0]), "second": by_block(run.second, case.p[1]),
+            "residual at 0": by_block(run.first[run.n_accepted == 0], residual_of(case, 0))}
+    if case.k >= 2:
+        laws["residual at 1"] = by_block(run.second[run.n_accepted == 1], residual_of(case, 1))
+    else:
+        laws["bonus"] = by_block(run.second[run.n_accepted == 1], case.p[1])
+    return laws
+
+
+DENSE_CASES = ["dense_k3", "dense_lookup_k1"]
+
+
+@pytest.mark.parametrize("name", DENSE_CASES)
+def test_dense_rows_at_a_real_vocabulary_follow_the_analytic_law(name):
+    case, run = dense_case(name), dense_run(accept_sampled, name)
+    for law, check in dense_laws(case, run).items():
+        assert check.ok, f"{name}, {law}: {check}"
+    reached = N_DENSE
+    for i in range(case.k):   # acceptance = sum_x min(p, q) (lookup: p(x)), given positions < i accepted
+        if reached < 10_000:
+            break
+        accepted = int((run.n_accepted > i).sum())
+        sd = math.sqrt(alpha_of(case, i) * (1 - alpha_of(case, i)) / reached)
+        assert abs(accepted / reached - alpha_of(case, i)) <= 5 * sd, (name, i, accepted / reached, alpha_of(case, i))
+        reached = accepted
+
+
+@pytest.mark.parametrize("rule,name", [(always_accept, "dense_k3"), (residual_is_p, "dense_k3"),
+                                       (residual_is_p, "dense_lookup_k1")],
+                         ids=["always_accept", "residual_is_p", "residual_is_p-lookup"])
+def test_a_wrong_rule_fails_the_dense_law(rule, name):
+    case, run = dense_case(name), dense_run(rule, name)
+    check = dense_laws(case, run)["first"]
+    print(f"{rule.__name__} on {name}: {check}")
+    # Not a near miss: at df ~ 500 the statistic's sd is ~32, and 3 x crit is ~40 sd above crit.
+    assert not check.ok and (check.forbidden > 0 or check.stat > 3 * check.crit), str(check)
 
 
 # --------------------------------------------------------------------------------------------

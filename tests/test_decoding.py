@@ -12,6 +12,8 @@ from localspec.engine import Model
 from localspec.hybrid import AutoDrafter
 from tests.test_exact_e2e import Mixed
 from localspec.sampling import probabilities
+from localspec.stats import RunStats
+from localspec.stream import stream_text
 
 PROMPTS = [
     "Tell me about lighthouses.",
@@ -259,3 +261,32 @@ def test_draft_restarts_on_a_window_after_long_plain_stretches(target, draft, pl
                                 controller=_Bursts()))
     assert [t for s in steps for t in s.tokens] == plain_f32[text]
     assert drafter.offset > 0 and sum(s.n_drafted for s in steps) > 0
+
+
+# -- tokens per target pass, as the CLI, the chat and the server count it ----------------------
+
+SHORT = "Answer with one word: is water wet?"   # greedy: a few tokens, then end-of-generation
+
+
+def stats_of_stream(target, drafter, max_tokens: int, k) -> RunStats:
+    st = RunStats()
+    for chunk in stream_text(target, drafter, chat(target, SHORT), GREEDY, DecodeConfig(max_tokens=max_tokens, k=k)):
+        st.add(chunk.step)
+    return st
+
+
+@pytest.mark.parametrize("max_tokens,finish", [(64, "stop"), (3, "length")], ids=["eog", "max_tokens"])
+def test_plain_decoding_reads_exactly_one_token_per_pass(target, max_tokens, finish):
+    st = stats_of_stream(target, None, max_tokens, 0)
+    assert st.finish == finish
+    if finish == "stop":   # the last pass produced only the end-of-generation token
+        assert st.n_steps == st.n_tokens + 1 and st.step_tokens[-1] == 0
+    assert st.tokens_per_step == 1.0 and st.summary()["tokens_per_step"] == 1.0
+
+
+def test_speculative_tokens_per_pass_counts_the_passes_that_emitted(target, draft):
+    plain = stats_of_stream(target, None, 64, 0)
+    st = stats_of_stream(target, ModelDrafter(draft), 64, 4)
+    assert st.finish == "stop" and st.n_tokens == plain.n_tokens and st.n_drafted > 0
+    emitting = sum(1 for n in st.step_tokens if n)
+    assert st.tokens_per_step == pytest.approx(st.n_tokens / emitting) and st.tokens_per_step >= 1.0

@@ -47,16 +47,16 @@ import localspec.decoder
 from localspec.acceptance import accept_sampled
 from localspec.config import DecodeConfig, SamplingConfig
 from localspec.decoder import generate_steps
+from localspec.dists import Dense
 from localspec.drafters import ModelDrafter, PromptLookup
 from localspec.hybrid import AutoDrafter, Plan
 from localspec.sampling import distribution
-from tests.test_acceptance import chi2_check, chi2_critical
+from tests.law_helpers import ALPHA, always_accept, chi2_check, chi2_critical, residual_is_p
 
 CFG = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.0)
 K = 4
 L = 5
 CLASSES = 4   # rank 1, 2, 3, the rest
-ALPHA = 1e-4
 # Repetitive, so prompt lookup has a match from the first step; ending mid-phrase, so the first
 # token is uncertain.
 PROMPT = "The cat sat on the mat. The dog sat on the rug. The cat sat on the mat. The dog sat on the rug. The cat sat on the"
@@ -102,8 +102,8 @@ def make_drafter(kind: str, draft):
 class Target:
     """The target's processed rows along sampled prefixes, each distinct prefix evaluated once."""
 
-    def __init__(self, model, prompt: list[int]):
-        self.model, self.prompt = model, prompt
+    def __init__(self, model, prompt: list[int], cfg: SamplingConfig = CFG):
+        self.model, self.prompt, self.cfg = model, prompt, cfg
         self.eog = np.array([model.is_eog(t) for t in range(model.n_vocab)])
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
 
@@ -116,20 +116,20 @@ class Target:
             m.sync(self.prompt[:-1])
             logits = m.eval([self.prompt[-1], *tokens[: n - 1]], logits_from=0)
             for key, row in zip(keys, logits):
-                p = distribution(row, CFG).dense(m.n_vocab)
+                p = distribution(row, self.cfg).dense(m.n_vocab)
                 self._rows[key] = np.append(np.where(self.eog, 0.0, p), p[self.eog].sum())
             m.truncate(len(self.prompt) - 1)
         return [self._rows[key] for key in keys]
 
 
-def sample_runs(target, draft, kind: str, n: int, seed: int = 0, sources: set | None = None):
+def sample_runs(target, draft, kind: str, n: int, seed: int = 0, sources: set | None = None, cfg=CFG):
     """n runs, each seeded [seed, r]: per run (tokens, per position the n_drafted of the step that
     emitted it (the end-of-generation position included), finish). `sources` collects who drafted."""
     prompt = target.tokenize(PROMPT)
     runs = []
     for r in range(n):
         tokens, verified, finish = [], [], None
-        for step in generate_steps(target, make_drafter(kind, draft), prompt, CFG, DecodeConfig(max_tokens=L, k=K),
+        for step in generate_steps(target, make_drafter(kind, draft), prompt, cfg, DecodeConfig(max_tokens=L, k=K),
                                    rng=np.random.default_rng([seed, r])):
             tokens += step.tokens
             verified += [step.n_drafted] * (len(step.tokens) + (step.finish == "stop"))
@@ -140,9 +140,9 @@ def sample_runs(target, draft, kind: str, n: int, seed: int = 0, sources: set | 
     return prompt, runs
 
 
-def check(target, prompt, runs) -> dict:
+def check(target, prompt, runs, cfg=CFG) -> dict:
     """The two statistics and the support check over `runs` (see the module doc)."""
-    ref = Target(target, prompt)
+    ref = Target(target, prompt, cfg)
     end = target.n_vocab   # the merged end-of-generation token
     observed, expected, cov = np.zeros(CLASSES), np.zeros(CLASSES), np.zeros((CLASSES, CLASSES))
     forbidden = tested = 0
@@ -197,21 +197,6 @@ def test_k4_sampled_output_follows_the_target(target, draft, kind):
 
 # ---- teeth ----------------------------------------------------------------------------------
 
-def always_accept(draft, p, q, rng):
-    k = len(draft)
-    return k, p[k].sample(rng)
-
-
-def residual_is_p(draft, p, q, rng):
-    """The right acceptance test, but a rejection resamples from p, not from max(0, p - q)."""
-    for i, x in enumerate(draft):
-        p_x, q_x = p[i].prob(x), (q[i].prob(x) if q is not None else 1.0)
-        if p_x > 0.0 and (p_x >= q_x or rng.random() * q_x < p_x):
-            continue
-        return i, p[i].sample(rng)
-    return len(draft), p[len(draft)].sample(rng)
-
-
 def q_misaligned(draft, p, q, rng):
     """The right rule, but a mixed draft's q not padded at its lookup positions: the model's
     distributions land on the lookup tokens (which they never proposed) and the model's tokens
@@ -233,3 +218,44 @@ def test_a_wrong_acceptance_rule_fails_the_same_statistic(target, draft, monkeyp
     result = check(target, prompt, runs)
     print(rule.__name__, kind, result)
     assert result["rank"] >= result["rank_crit"], f"{rule.__name__} passed the rank check: {result}"
+
+
+# ---- untruncated: the Dense path at the real vocabulary ------------------------------------
+
+UNTRUNCATED = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+"""Nothing truncates, so target and draft rows are `Dense` over all 49,152 tokens, and the
+residual max(0, p - q) is built over the whole vocabulary: the path top-k 40 / top-p 0.95 never
+takes."""
+
+
+def dense_spy(rule, seen: list):
+    """`rule`, noting the kinds of distribution it is handed (first target row, draft rows)."""
+    def spy(draft, p, q, rng):
+        seen.append((type(p[0]), {type(d) for d in q or ()}))
+        return rule(draft, p, q, rng)
+    return spy
+
+
+# Runs as budgeted above, fewer for the law (it passes at any n): residual_is_p's rank statistic
+# is ~53 here against a critical value of 21.8 (noncentrality ~50: a miss elsewhere ~0.5 %).
+@pytest.mark.parametrize("rule,n,law", [(accept_sampled, 120, True), (residual_is_p, 150, False)],
+                         ids=["exact", "residual_is_p"])
+def test_k4_untruncated_output_follows_the_target(target, draft, monkeypatch, rule, n, law):
+    """The same law at top-k 0 / top-p 1 with the sharpened draft (most runs reject, and draw
+    from the residual); a rule resampling from p instead of the residual must fail it."""
+    seen: list = []
+    monkeypatch.setattr(localspec.decoder, "accept_sampled", dense_spy(rule, seen))
+    prompt, runs = sample_runs(target, draft, "sharp", n, seed=1, cfg=UNTRUNCATED)
+    dense = all(p is Dense and kinds <= {Dense} for p, kinds in seen) and any(kinds for _, kinds in seen)
+    assert dense, "the Dense path was not taken"
+    opened = [verified[0] for _, verified, _ in runs]
+    assert min(opened) >= 2 and opened.count(K) >= 0.9 * len(runs), "runs must open with k = 4 drafts"
+    result = check(target, prompt, runs, UNTRUNCATED)
+    print(rule.__name__, result)
+    if law:
+        assert result["tested"] >= 1.5 * len(runs)
+        assert result["forbidden"] == 0
+        assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
+        assert result["first"].ok, f"first token: {result['first']}"
+    else:   # the law is both checks: failing either is failing it
+        assert result["rank"] >= result["rank_crit"] or not result["first"].ok, f"{rule.__name__} passed: {result}"

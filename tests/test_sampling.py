@@ -323,3 +323,27 @@ def test_rows_of_every_level_and_spread_match_the_reference(c):
             want = reference(row, c)
             np.testing.assert_array_equal(got > 0, want > 0)
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("c", [cfg(1.0, top_p=0.9), cfg(0.8, top_p=0.95, min_p=0.05), cfg(1.0, top_k=40, top_p=0.9),
+                               cfg(0.7, top_k=2000, top_p=0.97), cfg(1.0, min_p=0.01), cfg(1.0)],
+                         ids=["top_p", "top_p-min_p", "top_k-top_p", "wide_top_k-top_p", "min_p", "untruncated"])
+def test_shifting_every_logit_changes_nothing(c):
+    """Only differences of logits matter. A float32 exp of the logits themselves underflows below
+    about -103, and so did top-p's mass: at a shift of -110 top-p 0.9 kept 3 tokens instead of
+    thousands. The row sits on a 2^-10 grid, so every shift here is exact in float32."""
+    from localspec.sampling import distribution
+
+    rng = np.random.default_rng(12)
+    row = np.round(rng.standard_normal(49_152) * 2.5 * 1024) / 1024
+    base = distribution(row.astype(np.float32), c).dense(len(row))
+    assert np.count_nonzero(base) >= 20
+    for shift in (-110.0, 110.0, -1e4):
+        shifted = (row + shift).astype(np.float32)
+        assert np.array_equal(shifted.astype(np.float64) - shift, row)   # the shift is exact
+        got = distribution(shifted, c).dense(len(row))
+        np.testing.assert_array_equal(got > 0, base > 0, err_msg=f"shift {shift}")
+        np.testing.assert_allclose(got, base, rtol=1e-6, atol=1e-12, err_msg=f"shift {shift}")
+        want = reference(shifted, c)
+        np.testing.assert_array_equal(got > 0, want > 0, err_msg=f"shift {shift}")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9, err_msg=f"shift {shift}")

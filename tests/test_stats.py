@@ -80,3 +80,49 @@ def test_alpha_recovers_an_iid_acceptance_probability_and_draft_efficiency_does_
     assert st.draft_efficiency == pytest.approx(efficiency, abs=0.01)
     assert st.draft_efficiency < a - 0.02
     assert abs(st.tokens_per_step - expected_tokens(st.draft_efficiency, k)) > 0.1
+
+
+# -- tokens per target pass: a pass that put no token into the output is not counted ----------
+
+
+def last(tokens: tuple, finish: str, n_drafted: int = 0, n_accepted: int = 0, withdrawn: int = 0) -> Step:
+    """The final step of a generation, as the decoder yields it: `tokens` is what it emitted (the
+    end-of-generation token and what a stop string cut are not emitted)."""
+    return Step(tokens=tokens, from_draft=(True,) * min(n_accepted, len(tokens)) + (False,) * (len(tokens) - n_accepted),
+                k=n_drafted, n_drafted=n_drafted, n_accepted=n_accepted, t_draft=0.0, t_verify=0.01,
+                t_python=0.0, finish=finish, withdrawn=withdrawn)
+
+
+@pytest.mark.parametrize("ending", [
+    last((), "stop"),                  # the 4th pass produced only the end-of-generation token
+    last((9,), "length"),              # max tokens: the last pass emitted its one token
+    last((9,), "stop"),                # a stop string began inside the last token: it is kept
+    last((), "stop"),                  # a stop string began exactly at the last token: cut whole
+    last((), "stop", withdrawn=2),     # a stop string began two tokens back: they are taken back
+], ids=["eog", "max_tokens", "stop-kept", "stop-cut", "stop-withdrew-2"])
+def test_plain_decoding_reads_exactly_one_token_per_pass(ending):
+    st = stats_of(step(0, 0), step(0, 0), step(0, 0), ending)
+    assert st.n_steps == 4   # every target evaluation is still a step
+    assert st.n_tokens == 3 + len(ending.tokens) - ending.withdrawn
+    assert st.tokens_per_step == 1.0
+    assert st.summary()["tokens_per_step"] == 1.0
+
+
+def test_speculative_passes_count_the_tokens_they_put_in_the_output():
+    # 3 + 1 + 2 tokens, then a pass that accepted 2 drafts whose bonus token was end-of-generation
+    # (2 tokens emitted), then the same run ending on a pass that produced only EOG.
+    body = [step(2, 2), step(2, 0), step(3, 1)]
+    st = stats_of(*body, last((5, 6), "stop", n_drafted=3, n_accepted=2))
+    assert st.tokens_per_step == pytest.approx(8 / 4)
+    st = stats_of(*body, last((), "stop", n_drafted=3, n_accepted=0))
+    assert st.tokens_per_step == pytest.approx(6 / 3) and st.n_steps == 4
+    # A stop string that took back tokens of earlier passes: a pass left with none is not counted.
+    for withdrawn, tokens, passes in [(1, 5, 3), (2, 4, 2), (3, 3, 1)]:
+        st = stats_of(*body, last((), "stop", n_drafted=3, n_accepted=0, withdrawn=withdrawn))
+        assert (st.n_tokens, st.n_passes) == (tokens, passes)
+        assert st.tokens_per_step == pytest.approx(tokens / passes)
+
+
+def test_a_reply_of_nothing_but_end_of_generation_has_no_tokens_per_pass():
+    st = stats_of(last((), "stop"))
+    assert st.n_tokens == 0 and st.n_steps == 1 and st.tokens_per_step is None
