@@ -21,6 +21,7 @@ class Metrics:
         self._finish: Counter[str] = Counter()
         self.completion_tokens = 0
         self.target_passes = 0
+        self.emitting_passes = 0   # passes that put a token into the output: tokens per pass divides by these
         self.drafted = 0
         self.accepted = 0
         self.tested = 0
@@ -41,6 +42,7 @@ class Metrics:
             self._finish[finish or "error"] += 1
             self.completion_tokens += stats.n_tokens
             self.target_passes += stats.n_steps
+            self.emitting_passes += stats.n_passes
             self.drafted += stats.n_drafted
             self.accepted += stats.n_accepted
             self.tested += stats.n_tested
@@ -76,8 +78,8 @@ class Metrics:
                [("", ratio(c["accepted"], c["tested"]))])
         metric("draft_efficiency", "gauge", "Accepted / drafted tokens (NaN before any draft).",
                [("", ratio(c["accepted"], c["drafted"]))])
-        metric("tokens_per_pass", "gauge", "Generated tokens per target pass.",
-               [("", ratio(c["completion_tokens"], c["target_passes"]))])
+        metric("tokens_per_pass", "gauge", "Generated tokens per target pass that emitted a token (as tokens_per_step).",
+               [("", ratio(c["completion_tokens"], c["emitting_passes"]))])
         metric("mean_k", "gauge", "Mean draft length chosen per step.", [("", ratio(c["k_sum"], c["target_passes"]))])
         metric("tokens_per_second", "gauge", "Generated tokens per decoding second (prefill excluded).",
                [("", ratio(c["completion_tokens"], c["seconds"]))])

@@ -206,6 +206,7 @@ class RunStats:
         return {
             "n_tokens": self.n_tokens,
             "n_steps": self.n_steps,
+            "n_passes": self.n_passes,
             "n_drafted": self.n_drafted,
             "n_accepted": self.n_accepted,
             "n_tested": self.n_tested,
