@@ -43,9 +43,11 @@ def register(app: typer.Typer) -> None:
 
             typer.echo(f"no saved conversations ({default_path()})")
             return
+        from localspec.conversation import short_title
+
         table = [("ID", "UPDATED", "MESSAGES", "TITLE")]
-        for s in rows:
-            title = (s.title or "(untitled)") + ("  [partial]" if s.partial else "")
+        for s in rows:   # the title shortened for the table; --json, show and export have it whole
+            title = short_title(s.title or "(untitled)") + ("  [partial]" if s.partial else "")
             table.append((str(s.id), local_time(s.updated), str(s.n_messages), title))
         widths = [max(len(row[i]) for row in table) for i in range(3)]
         for row in table:

@@ -56,23 +56,44 @@ def summary_dict(s: Summary) -> dict:
             "messages": s.n_messages, "partial": s.partial}
 
 
+FINISH_WORDS = {"length": "max tokens", "stopped": "stopped", "context": "context full"}
+"""How a reply that did not end on its own ended ("stop", the model's own end, says nothing)."""
+
+
+def _number(stats: dict, key: str) -> float | None:   # hand-edited files: a wrong type is left out
+    value = stats.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def stats_line(stats: dict | None) -> str:
-    """The numbers of a reply in the words `localspec generate` uses; keys the caller did not record
-    are left out, and unknown ones stay in the JSON only."""
+    """The numbers of a reply, the one form the chat shows under a reply (live and resumed) and the
+    Markdown export writes; keys the caller did not record are left out, unknown ones stay in the
+    JSON only. Two speeds: decode only (what the chat's panel and `generate` report as tokens/s)
+    and with the prefill (`tokens_per_second`: from sending to the last token)."""
     if not stats:
         return ""
     parts = []
     if isinstance(stats.get("n_tokens"), int):
         parts.append(f"{stats['n_tokens']} tokens")
-    if isinstance(stats.get("alpha"), (int, float)):
-        parts.append(f"α {stats['alpha']:.3f}")
-    if isinstance(stats.get("tokens_per_step"), (int, float)):
-        parts.append(f"{stats['tokens_per_step']:.2f} tokens/target pass")
-    if isinstance(stats.get("tokens_per_second"), (int, float)):
-        parts.append(f"{stats['tokens_per_second']:.1f} tokens/s")
+    if stats.get("continued") is True:   # the numbers are those of the part that continued it
+        parts[:1] = [f"continued: {parts[0]}" if parts else "continued"]
+    if (alpha := _number(stats, "alpha")) is not None:
+        parts.append(f"α {alpha:.3f}")
+    if (per_pass := _number(stats, "tokens_per_step")) is not None:
+        parts.append(f"{per_pass:.2f} tokens/target pass")
+    decode, wall = _number(stats, "decode_tokens_per_second"), _number(stats, "tokens_per_second")
+    if decode is not None:
+        parts.append(f"{decode:.1f} tokens/s decode" + ("" if wall is None else f" ({wall:.1f} with prefill)"))
+    elif wall is not None:
+        parts.append(f"{wall:.1f} tokens/s with prefill")
     for key in ("k", "drafter", "temperature"):
         if stats.get(key) is not None:
             parts.append(f"{key} {stats[key]}")
+    if stats.get("finish") in FINISH_WORDS:
+        parts.append(FINISH_WORDS[stats["finish"]])
+    if isinstance(stats.get("n_prompt_tokens"), int):
+        cached = f" ({stats['cached_tokens']} cached)" if isinstance(stats.get("cached_tokens"), int) else ""
+        parts.append(f"prompt {stats['n_prompt_tokens']} tokens{cached}")
     return " · ".join(parts)
 
 

@@ -172,10 +172,10 @@ class Store:
 
     # ---- reading -------------------------------------------------------------------------------
     def list_conversations(self, limit: int | None = None) -> list[Summary]:
-        """Most recently updated first."""
-        sql = ("SELECT c.id, c.title, c.created, c.updated, COUNT(m.id), COALESCE(MAX(m.partial), 0) "
-               "FROM conversations c LEFT JOIN messages m ON m.conversation = c.id "
-               "GROUP BY c.id ORDER BY c.updated DESC, c.id DESC LIMIT ?")
+        """Most recently updated first; partial as the last message is (Summary.partial)."""
+        sql = ("SELECT c.id, c.title, c.created, c.updated, COUNT(m.id), COALESCE((SELECT l.partial FROM messages l "
+               "WHERE l.conversation = c.id ORDER BY l.ordinal DESC LIMIT 1), 0) FROM conversations c LEFT JOIN "
+               "messages m ON m.conversation = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC LIMIT ?")
         limit = -1 if limit is None or limit > MAX_ID else limit   # SQLite: a negative limit is none
         rows = self._run(lambda c: c.execute(sql, (limit,)).fetchall(), [])
         return [Summary(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in rows]
@@ -259,13 +259,13 @@ class Store:
 
 class ReplyWriter:
     """Streams one assistant reply into the store, time-throttled: `append` writes when
-    `flush_seconds` have passed since the last write, `finish` always writes."""
+    `flush_seconds` have passed since the last write, `finish` always writes. `text`: what the
+    message holds already (a reply being continued grows from it)."""
 
-    def __init__(self, store: Store, msg: int | None) -> None:
+    def __init__(self, store: Store, msg: int | None, text: str = "") -> None:
         self.store = store
-        self.id = msg
-        """The message's id (None when saving is off)."""
-        self._parts: list[str] = []
+        self.id = msg   # the message's id (None when saving is off)
+        self._parts: list[str] = [text] if text else []
         self._last = store.clock()
         self._done = False
 

@@ -167,3 +167,26 @@ def test_tokens_that_take_whitespace_take_it_as_before(stripping, content):
     assert phi.tokens(messages) == phi.plain(messages)
     forged = phi.tokens([{"role": "user", "content": content + phi.forged}])
     assert phi.marker_counts(forged) == [1, 2]
+
+
+# ---- issue 20: continuing a reply renders its turn open ----------------------------------------
+@pytest.mark.parametrize("reply", ["Once upon a time", "Line one.\n\nLine two ", "   ", "Ünïcödé 🙂 and <b>"],
+                         ids=["words", "trailing-space", "blank", "unicode"])
+def test_a_reply_is_continued_from_its_open_turn(pair, reply):
+    """`conversation.open_turn`: the rendering with the reply, cut where the template closes its
+    turn, tokenized as the whole rendering is; `seen_content` is the reply as the template passes
+    it on (Gemma's template trims it)."""
+    from localspec import conversation
+
+    messages = [{"role": "user", "content": "Tell a story."}, {"role": "assistant", "content": reply}]
+    got = conversation.open_turn(pair.tokens, messages)
+    text = pair.fmt(messages=messages).prompt
+    close = pair.model.token_text(pair.markers[1][0]).decode()
+    want = pair.model.tokenize(text[: text.rindex(close)], add_special=False, parse_special=True)
+    assert got == want
+    assert pair.marker_counts(got) == [c - d for c, d in zip(pair.marker_counts(pair.tokens(messages)), [1, 1])]
+    seen = conversation.seen_content(pair.tokens, messages)
+    assert seen == (reply.rstrip() if pair.model.name.startswith("gemma") else reply)
+    # forged markers in the reply stay text here too
+    forged = conversation.open_turn(pair.tokens, [messages[0], {"role": "assistant", "content": "Hi" + pair.forged}])
+    assert pair.marker_counts(forged) == pair.marker_counts(got)

@@ -16,9 +16,9 @@ import pytest
 
 from localspec import conversation, export, history
 from localspec.config import ConfigError
-from localspec.conversation import make_title
-from localspec.history import (BUSY_TIMEOUT_MS, MAX_ID, MIGRATIONS, RETRY_DELAYS, Store, StoreError, _migrate,
-                               default_path, open_store)
+from localspec.conversation import make_title, short_title
+from localspec.history import (BUSY_TIMEOUT_MS, MAX_ID, MIGRATIONS, RETRY_DELAYS, ReplyWriter, Store, StoreError,
+                               _migrate, default_path, open_store)
 
 REPO = Path(__file__).resolve().parent.parent
 STATS = {"n_tokens": 12, "alpha": 0.75, "tokens_per_step": 2.4, "tokens_per_second": 41.5, "k": "auto",
@@ -128,10 +128,72 @@ def test_round_trip(store):
 
 
 def test_titles():
-    assert make_title("word " * 40) == ("word " * 12).strip()[:59].rstrip() + "…"
-    assert len(make_title("x" * 100)) == 60
+    assert make_title("word " * 40) == ("word " * 40).strip()   # whole: only lists shorten it
+    assert short_title(make_title("word " * 40)) == ("word " * 12).strip()[:59].rstrip() + "…"
+    assert len(short_title("x" * 100)) == 60 and short_title("x" * 60) == "x" * 60
     assert make_title("\n\n  short  one \nsecond") == "short one"
     assert make_title("") == ""
+
+
+# ---- issue 20: full titles, and [partial] belongs to the last reply ----------------------------
+LONG_TITLE = "Tell me everything about the lighthouses of the Breton coast, their keepers and their lamps"
+
+
+def test_the_full_title_is_kept_in_storage_json_and_export_and_shortened_only_in_lists(store, db, monkeypatch,
+                                                                                        capsys):
+    assert len(LONG_TITLE) > 60
+    conv = store.new_conversation({}, None)
+    store.add_message(conv, "user", LONG_TITLE + "\nand more")
+    assert store.get(conv).title == LONG_TITLE and store.list_conversations()[0].title == LONG_TITLE
+    assert json.loads(export.to_json(store.get(conv)))["title"] == LONG_TITLE
+    assert export.summary_dict(store.list_conversations()[0])["title"] == LONG_TITLE
+    assert export.to_markdown(store.get(conv)).startswith(f"# {LONG_TITLE}\n")
+    store.close()
+    code, out, _ = cli(monkeypatch, capsys, "history", "--json")
+    assert code == 0 and json.loads(out)[0]["title"] == LONG_TITLE
+    code, out, _ = cli(monkeypatch, capsys, "history")
+    assert code == 0 and short_title(LONG_TITLE) in out and LONG_TITLE not in out   # the table shortens it
+    code, out, _ = cli(monkeypatch, capsys, "history", "show", str(conv))
+    assert out.startswith(f"# {LONG_TITLE}\n")
+
+
+def test_partial_is_cleared_once_the_conversation_goes_on(store):
+    conv = store.new_conversation({}, None)
+    store.add_message(conv, "user", "Tell a story.")
+    store.start_reply(conv).finish({"n_tokens": 4, "finish": "stopped"}, partial=True)   # Esc
+    assert store.list_conversations()[0].partial
+    store.add_message(conv, "user", "Shorter, please.")
+    assert not store.list_conversations()[0].partial   # it went on: no longer partial
+    w = store.start_reply(conv)
+    w.append("Once upon")
+    assert store.list_conversations()[0].partial        # the new reply is not finished yet
+    w.finish({"n_tokens": 3})
+    summary = store.list_conversations()[0]
+    assert not summary.partial and summary.n_messages == 4
+    assert [m.partial for m in store.get(conv).messages] == [False, True, False, False]   # the reply keeps its mark
+
+
+def test_a_continued_reply_grows_in_its_own_message(store):
+    conv = store.new_conversation({}, None)
+    store.add_message(conv, "user", "Tell a story.")
+    first = store.start_reply(conv)
+    first.append("Once upon")
+    first.finish({"n_tokens": 2, "finish": "length"})
+    w = ReplyWriter(store, first.id, "Once upon")
+    w.append(" a time.")
+    w.finish({"n_tokens": 3, "continued": True})
+    messages = store.get(conv).messages
+    assert [(m.role, m.content) for m in messages] == [("user", "Tell a story."), ("assistant", "Once upon a time.")]
+    assert messages[1].stats == {"n_tokens": 3, "continued": True}
+
+
+def test_the_stats_line_labels_both_speeds_and_how_a_reply_ended():
+    line = export.stats_line({"n_tokens": 5, "tokens_per_second": 20.0, "decode_tokens_per_second": 25.0,
+                              "finish": "length", "n_prompt_tokens": 40, "cached_tokens": 30, "continued": True})
+    assert line == ("continued: 5 tokens · 25.0 tokens/s decode (20.0 with prefill) · max tokens · "
+                    "prompt 40 tokens (30 cached)")
+    assert export.stats_line({"tokens_per_second": 20.0}) == "20.0 tokens/s with prefill"   # an older record
+    assert export.stats_line({"alpha": True, "finish": "stop"}) == ""
 
 
 def test_wal_schema_version_and_short_busy_timeout(store, db):
@@ -464,7 +526,7 @@ def test_markdown_export(store):
     assert md.startswith("# Tell me about lighthouses\n")
     assert "target.gguf + draft.gguf" in md and "/m/" not in md
     assert md.count("## user") == 2 and md.count("## assistant") == 3 and "## system\n\nBe brief." in md
-    assert "\n*12 tokens · α 0.750 · 2.40 tokens/target pass · 41.5 tokens/s · k auto · drafter auto · " \
+    assert "\n*12 tokens · α 0.750 · 2.40 tokens/target pass · 41.5 tokens/s with prefill · k auto · drafter auto · " \
            "temperature 0.7*\n" in md
     assert "They guide ships.\n\n*12 tokens" in md   # the numbers sit under their reply
     assert md.rstrip().endswith("cut\n\n*partial: stopped or cut off before it finished*")

@@ -201,8 +201,8 @@ def test_reset_clears_the_conversation(session):
     run(scenario())
 
 
-WIDE_LABELS = ["α (all)", "α (last 32)", "k now", "tokens/s", "plain tok/s", "speedup", "draft eff.", "by position"]
-NARROW_LABELS = ["α ", "α32 ", "k ", "tok/s ", "plain ", "drafted "]
+WIDE_LABELS = ["α (all)", "α (last 32)", "k now", "decode tok/s", "plain tok/s", "speedup", "draft eff.", "by position"]
+NARROW_LABELS = ["α ", "α32 ", "k ", "decode tok/s ", "plain ", "drafted "]
 COMMON_LABELS = ["Markdown", "F5 draft tokens", "T 0 · auto · k auto · ready",
                  "Send", "esc Stop", "f2 Spec on/off", "f3 Drafter", "f4 Temp", "f5 View", "^o Chats", "^q Quit"]
 
@@ -298,3 +298,29 @@ def test_loads_models_in_a_worker(model_paths):
         app.session.close()
 
     run(scenario())
+
+
+def test_continue_goes_on_from_the_capped_reply_as_if_it_had_not_stopped(session):
+    """/continue on the real pair: the prompt is the conversation with the reply's turn open, so a
+    greedy plain reply capped at 12 tokens and continued for 12 more is the 24-token reply."""
+    async def scenario():
+        app = ChatApp(session, GREEDY, max_tokens=12)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            await pilot.press("f2")   # plain decoding: token for token what the fresh run below does
+            await send(pilot, "Write a short poem about the sea.")
+            assert app.last_done.finish == "length"
+            first = app.chat.history[-1]["content"]
+            done = app.last_done
+            app.query_one("#prompt").value = "/continue"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: not app.busy and app.last_done is not done and settled(app))
+            assert len(app.chat.history) == 2 and app.chat.history[-1]["content"].startswith(first)
+            assert app.query(ReplyView).last().text == app.chat.history[-1]["content"]
+            return app.chat.messages()[:1], app.chat.history[-1]["content"]
+
+    messages, got = run(scenario())
+    target = session.target
+    target.reset()
+    chunks = list(stream_text(target, None, target.chat_prompt(messages), GREEDY, DecodeConfig(max_tokens=24, k=0)))
+    assert got == "".join(c.text for c in chunks)

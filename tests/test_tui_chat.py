@@ -18,8 +18,8 @@ import pytest
 from localspec import export
 from localspec.history import open_store
 from localspec.stats import positions_tested
-from tests.test_tui_support import (CODE_REPLY, STEP_SECONDS, long_reply, mid_reply, notices, ready, run,
-                                    screen_text, script, scripted_app, send, type_and_send, wait_for)
+from tests.test_tui_support import (CODE_REPLY, PREFILL_SECONDS, STEP_SECONDS, long_reply, mid_reply, notices, ready,
+                                    run, screen_text, script, scripted_app, send, type_and_send, wait_for)
 
 from localspec_tui.conversations import ConversationList  # noqa: E402
 
@@ -32,7 +32,8 @@ def expected_stats(text: str) -> dict:
     seconds = sum(sum(STEP_SECONDS) if c.step.n_drafted else sum(STEP_SECONDS[1:]) for c in chunks)
     n_tokens = sum(len(c.tokens) for c in chunks)
     return {"n_tokens": n_tokens, "alpha": sum(c.step.n_accepted for c in chunks) / tested,
-            "tokens_per_step": n_tokens / len(chunks), "tokens_per_second": n_tokens / seconds}
+            "tokens_per_step": n_tokens / len(chunks), "decode_tokens_per_second": n_tokens / seconds,
+            "tokens_per_second": n_tokens / (PREFILL_SECONDS + seconds)}
 
 
 def test_every_turn_is_saved_with_its_numbers(store):

@@ -184,15 +184,59 @@ def test_copy_the_last_reply_and_the_last_code_block():
             await type_and_send(pilot, "/copy everything")
             await pilot.pause()
             assert notices(app)[-1].startswith("usage: /copy")
-            await type_and_send(pilot, "/nope")
-            await pilot.pause()
-            assert notices(app)[-1] == "unknown command /nope; /help lists them"
             await type_and_send(pilot, "/help")
             await pilot.pause()
-            assert "/export md|json PATH" in notices(app)[-1] and "Ctrl+G copy code" in notices(app)[-1]
+            assert "/export md|json PATH" in notices(app)[-1] and "Ctrl+G copy the last code block" in notices(app)[-1]
             assert len(app.chat.history) == 2   # commands are not messages
 
     run(scenario())
+
+
+# ---- issue 20: mistyped commands are refused, /help lists every key ------------------------------
+def test_a_mistyped_command_is_refused_not_sent_and_a_double_slash_sends_one():
+    async def scenario():
+        app = scripted_app(replies=("Fine.",))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            for typo in ("/exprt md x.md", "/nope", "/Reset now"):
+                await type_and_send(pilot, typo)
+                await pilot.pause()
+                said = notices(app)[-1]
+                assert said.startswith(f"unknown command {typo.split()[0]} (not sent)"), said
+                assert all(name in said for name in ("/continue", "/reset", "/export", "/copy", "/help"))
+            assert app.chat.history == [] and app.saver.conv is None   # nothing went to the model
+            await send(pilot, "//exprt is a typo of /export")
+            await send(pilot, "/usr/bin is a folder")   # a path, not a command's name
+            assert [m["content"] for m in app.chat.history if m["role"] == "user"] == [
+                "/exprt is a typo of /export", "/usr/bin is a folder"]
+            await type_and_send(pilot, "/help")
+            await pilot.pause()
+            assert "//text sends /text" in notices(app)[-1]
+
+    run(scenario())
+
+
+def test_help_names_every_key_binding():
+    from localspec_tui.app import ChatApp
+    from localspec_tui.commands import key_name
+    from localspec_tui.prompt import ChatInput
+
+    async def scenario():
+        app = scripted_app()
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            await type_and_send(pilot, "/help")
+            await pilot.pause()
+            return notices(app)[-1]
+
+    shown = run(scenario())
+    bindings = [*ChatApp.BINDINGS, *ChatInput.BINDINGS]
+    missing = [b.key for b in bindings if f"{key_name(b.key)} {b.tooltip or b.description}" not in shown]
+    assert not missing, shown
+    for key in ("Esc ", "F2 ", "F3 ", "F4 ", "F5 ", "Ctrl+O ", "Ctrl+R ", "Ctrl+G ", "Ctrl+Q ", "Enter ", "Ctrl+J/",
+                "Up/Down "):
+        assert key in shown, key
+    assert key_name("ctrl+q") == "Ctrl+Q" and key_name("delete,d") == "Delete/D" and key_name("escape") == "Esc"
 
 
 def test_code_blocks_and_commands_parse():
@@ -201,7 +245,8 @@ def test_code_blocks_and_commands_parse():
     assert code_blocks("no code") == []
     assert parse("/export md my notes.md") == ("/export", ["md", "my notes.md"])
     assert parse("/copy code") == ("/copy", ["code"]) and parse("/reset") == ("/reset", [])
-    assert parse("/usr/bin is a path") is None and parse("hello") is None
+    assert parse("/usr/bin is a path") is None and parse("hello") is None and parse("//reset") is None
+    assert parse("/exprt md x.md") == ("/exprt", ["md", "x.md"]) and parse("  /help\n") == ("/help", [])
 
 
 # ---- the message box --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -29,7 +30,7 @@ from localspec.config import SamplingConfig  # noqa: E402
 from localspec.decoder import Step  # noqa: E402
 from localspec.stream import Chunk  # noqa: E402
 from localspec_tui.app import ChatApp  # noqa: E402
-from localspec_tui.chat import Chat, Turn  # noqa: E402
+from localspec_tui.chat import Chat  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0, seed=1)
 ACCEPTED = (3, 4, 1, 0, 4, 2, 4, 3)   # accepted draft tokens per step, cycled (k 4)
@@ -69,12 +70,13 @@ def tokenize(text: str) -> list[str]:
     return re.findall(r"\s*\w+|\s*[^\w\s]+|\s+", text)
 
 
-def script(text: str, finish: str = "stop") -> list[Chunk]:
-    """The chunks a decoder could have produced for `text`, one per target pass."""
+def script(text: str, finish: str = "stop", speculating: bool = True) -> list[Chunk]:
+    """The chunks a decoder could have produced for `text`, one per target pass (all plain
+    without `speculating`)."""
     tokens = tokenize(text)
     chunks, i, n = [], 0, 0
     while i < len(tokens):
-        plain = n % PLAIN_EVERY == PLAIN_EVERY - 1
+        plain = n % PLAIN_EVERY == PLAIN_EVERY - 1 or not speculating
         accepted = 0 if plain else ACCEPTED[n % len(ACCEPTED)]
         take = tokens[i:i + accepted + 1]
         accepted = len(take) - 1 if len(take) <= accepted else accepted
@@ -90,7 +92,15 @@ def script(text: str, finish: str = "stop") -> list[Chunk]:
     return chunks
 
 
+TURN_START, TURN_END = 1_000_000, 1_000_001
+ROLES = {"system": 1_000_002, "user": 1_000_003, "assistant": 1_000_004}
+
+
 class FakeModel:
+    """What the chat reads of a model, and a chat template in the shape of ChatML: per message a
+    turn marker, its role, its content in `tokenize` pieces, an end-of-turn marker; then the
+    assistant's generation prompt. `decode` reads contents back (a continuation's open turn)."""
+
     def __init__(self, path: str, n_ctx: int = 2048) -> None:
         self.path = Path(path)
         self.name = self.path.name
@@ -99,9 +109,29 @@ class FakeModel:
         self.cfg = SimpleNamespace(n_gpu_layers=0)
         self.chat_template = "(scripted)"
         self.tokens: list[int] = []
+        self.pieces: list[str] = []   # the vocabulary, grown by use
+        self._ids: dict[str, int] = {}
 
     def meta(self, key: str):
         return {"general.name": "SmolLM2 135M Instruct"}.get(key)
+
+    def chat_prompt(self, messages) -> list[int]:
+        ids: list[int] = []
+        for m in messages:
+            ids += [TURN_START, ROLES[m["role"]], *self.encode(m["content"]), TURN_END]
+        return ids + [TURN_START, ROLES["assistant"]]
+
+    def encode(self, text: str) -> list[int]:
+        return [self._id(piece) for piece in tokenize(text)]
+
+    def _id(self, piece: str) -> int:
+        if piece not in self._ids:
+            self._ids[piece] = len(self.pieces)
+            self.pieces.append(piece)
+        return self._ids[piece]
+
+    def decode(self, ids) -> str:
+        return "".join(self.pieces[i] for i in ids if i < len(self.pieces))
 
 
 class FakeSession:
@@ -119,38 +149,62 @@ class FakeSession:
         pass
 
 
+PREFILL_SECONDS = 0.05   # the fake clock's time before a reply's first pass (its prompt's prefill)
+
+
 class ScriptedChat(Chat):
-    """Replies with `replies[i]` (cycled) to the i-th message, or with `reply_for(text)`.
+    """Replies with `replies[i]` (cycled) to the i-th message. Its prompts are built by the real
+    `prepare` / `prepare_continue` through FakeModel's template; a continuation (an open assistant
+    turn) goes on with the rest of the reply whose text begins with what the turn holds. Caps as
+    the decoder's: --max-tokens ("length"), the context ("context").
 
     `gate_after`: stop after that many chunks of each reply until `gate` is set (or the chat is
     stopped), with `paused` set meanwhile — a test looks at the screen mid-reply. `delay`: real
-    seconds between chunks, for tests that must land a key press (Esc) or a kill mid-reply."""
+    seconds between chunks, for tests that must land a key press (Esc) or a kill mid-reply.
+    `final_pass`: end each reply with a pass that emits nothing (the end-of-generation token)."""
 
     def __init__(self, session, *, replies=(CODE_REPLY,), gate_after: int | None = None,
-                 delay: float = 0.0, **options) -> None:
+                 delay: float = 0.0, final_pass: bool = False, **options) -> None:
         options["warm_start"] = False
         self.now = 1000.0
         super().__init__(session, clock=lambda: self.now, **options)
         self.replies = list(replies)
         self.gate_after = gate_after
         self.delay = delay
+        self.final_pass = final_pass
         self.gate = threading.Event()
         self.paused = threading.Event()
         self.prompts: list[list[int]] = []
+        self.answered = 0   # new messages replied to (continuations are not)
 
-    def prepare(self, text: str) -> Turn:
-        self.history.append({"role": "user", "content": text})
-        # A prompt of one token per word of the history: the cache holds the previous prompt.
-        prompt = [len(m["content"]) for m in self.messages() for _ in m["content"].split()]
-        cached = len(self.prompts[-1]) if self.prompts else 0
-        self.prompts.append(prompt)
-        return Turn(prompt, 0, min(cached, len(prompt) - 1))
+    def _text(self, prompt: list[int]) -> str:
+        target = self.session.target
+        if prompt[-2:] == [TURN_START, ROLES["assistant"]]:   # a new reply
+            self.answered += 1
+            return self.replies[(self.answered - 1) % len(self.replies)]
+        start = max(i for i in range(len(prompt) - 1) if prompt[i:i + 2] == [TURN_START, ROLES["assistant"]])
+        so_far = target.decode(prompt[start + 2:])
+        whole = next((r for r in self.replies if r.startswith(so_far) and r != so_far), so_far)
+        return whole[len(so_far):]
 
     def _stream(self, drafter, prompt, sampling, decode, controller):
-        text = self.replies[(len(self.prompts) - 1) % len(self.replies)]
-        chunks = script(text)
-        if len(chunks) > decode.max_tokens:
-            chunks = script("".join(c.text for c in chunks[:decode.max_tokens]), finish="length")
+        target = self.session.target
+        self.prompts.append(list(prompt))
+        words = tokenize(self._text(prompt))
+        room = target.n_ctx - len(prompt)
+        finish = "stop"
+        if len(words) >= min(decode.max_tokens, room):
+            finish = "length" if decode.max_tokens <= room else "context"
+            words = words[:min(decode.max_tokens, room)]
+        chunks = script("".join(words), finish, speculating=self.drafter_kind != "none") if words else []
+        if self.final_pass or not chunks:   # the end-of-generation token's pass: no output
+            last = Step(tokens=(), from_draft=(), k=0, n_drafted=0, n_accepted=0, t_draft=0.0,
+                        t_verify=STEP_SECONDS[1], t_python=STEP_SECONDS[2], finish=finish)
+            if chunks:
+                chunks[-1] = Chunk(chunks[-1].text, replace(chunks[-1].step, finish=None), chunks[-1].tokens,
+                                   chunks[-1].pieces, 0.0)
+            chunks.append(Chunk("", last, (), (), 0.0))
+        self.now += PREFILL_SECONDS
         for n, chunk in enumerate(chunks):
             if n == self.gate_after:
                 self.paused.set()
@@ -161,14 +215,15 @@ class ScriptedChat(Chat):
                 time.sleep(self.delay)
             self.now += sum(STEP_SECONDS) if chunk.step.n_drafted else sum(STEP_SECONDS[1:])
             yield chunk
+        target.tokens = list(prompt)   # what the cache holds for the next prompt to share
 
 
-def scripted_app(*, replies=(CODE_REPLY,), gate_after=None, delay=0.0, max_tokens=4096, **app_options) -> ChatApp:
+def scripted_app(*, replies=(CODE_REPLY,), gate_after=None, delay=0.0, final_pass=False, **app_options) -> ChatApp:
     def make_chat(session, **options):
-        return ScriptedChat(session, replies=replies, gate_after=gate_after, delay=delay, **options)
+        return ScriptedChat(session, replies=replies, gate_after=gate_after, delay=delay, final_pass=final_pass,
+                            **options)
 
-    options = {"max_tokens": max_tokens, **app_options}
-    return ChatApp(FakeSession(), GREEDY, chat_factory=make_chat, **options)
+    return ChatApp(FakeSession(), GREEDY, chat_factory=make_chat, **app_options)
 
 
 # ---- driving the app --------------------------------------------------------------------------
@@ -249,12 +304,30 @@ def test_the_script_adds_up_to_its_text_and_marks_draft_tokens():
 
 
 def test_the_scripted_chat_replies_through_the_real_reply_loop():
-    chat = ScriptedChat(FakeSession(), sampling=GREEDY, max_tokens=4096)
+    chat = ScriptedChat(FakeSession(), sampling=GREEDY)
     got = []
-    reply = chat.reply(chat.prepare("hi"), got.append)
+    turn = chat.prepare("hi")
+    assert turn.prompt == chat.session.target.chat_prompt([{"role": "user", "content": "hi"}])
+    reply = chat.reply(turn, got.append)
     assert "".join(c.text for c in got) == CODE_REPLY == chat.history[-1]["content"]
     assert reply.n_steps == len(got) and reply.finish == "stop" and reply.drafter == "auto"
-    assert reply.seconds == pytest.approx(sum(sum(STEP_SECONDS) if c.step.n_drafted else sum(STEP_SECONDS[1:])
-                                              for c in got))
+    assert reply.seconds == pytest.approx(PREFILL_SECONDS + sum(
+        sum(STEP_SECONDS) if c.step.n_drafted else sum(STEP_SECONDS[1:]) for c in got))
     view = chat.live.view()
     assert view["plain_tps"] == pytest.approx(1 / sum(STEP_SECONDS[1:]))
+
+
+def test_the_scripted_chat_caps_as_the_decoder_does_and_continues_an_open_turn():
+    chat = ScriptedChat(FakeSession(), sampling=GREEDY, max_tokens=10)
+    reply = chat.reply(chat.prepare("hi"), lambda chunk: None)
+    assert reply.finish == "length" and reply.n_tokens == 10
+    assert "".join(tokenize(CODE_REPLY)[:10]) == chat.history[-1]["content"]
+    chat.max_tokens = None
+    rest = chat.reply(chat.prepare_continue(), lambda chunk: None)
+    assert rest.finish == "stop" and chat.history[-1]["content"] == CODE_REPLY and len(chat.history) == 2
+    target = chat.session.target
+    assert chat.prompts[-1][-1] != ROLES["assistant"] and target.decode(chat.prompts[-1][-10:]) == \
+        "".join(tokenize(CODE_REPLY)[:10])
+    small = ScriptedChat(FakeSession(), sampling=GREEDY)
+    small.session.target.n_ctx = 30
+    assert small.reply(small.prepare("hi"), lambda chunk: None).finish == "context"

@@ -25,12 +25,12 @@ from localspec.history import Store
 from localspec.session import LoadConfig, Session
 
 from .chat import Chat, LiveStats
-from .commands import Commands
+from .commands import Commands, as_message, reply_note
 from .messages import Loaded, LoadFailed, LoadProgress, Notice, PromptReady, ReplyChunk, ReplyDone, ReplyFailed
 from .prompt import ChatInput
 from .reply import ReplyView
 from .saving import Saver, reply_stats, settings_of
-from .widgets import Legend, MessageRow, NoticeLine, SpecPanel, one_line, pair_label, short_name
+from .widgets import Legend, MessageRow, NoticeLine, SpecPanel, one_line, pair_label, short_name, speaker
 
 PANEL_HZ = 4
 
@@ -60,26 +60,29 @@ class ChatApp(Commands, App):
     Screen.-narrow MessageRow { layout: vertical; }
     Screen.-narrow MessageRow > .who { width: 1fr; }
     """
+    # /help is made from these (tui.commands.help_text): the tooltip says what a key does there.
     BINDINGS = [
-        Binding("escape", "stop", "Stop"),
-        Binding("f2", "toggle_speculation", "Spec on/off"),
-        Binding("f3", "cycle_drafter", "Drafter"),
-        Binding("f4", "cycle_temperature", "Temp"),
-        Binding("f5", "toggle_view", "View"),
-        Binding("ctrl+o", "conversations", "Chats"),
+        Binding("escape", "stop", "Stop", tooltip="stop the reply (/continue goes on)"),
+        Binding("f2", "toggle_speculation", "Spec on/off", tooltip="speculation on/off"),
+        Binding("f3", "cycle_drafter", "Drafter", tooltip="next drafter (auto, model, lookup, none)"),
+        Binding("f4", "cycle_temperature", "Temp", tooltip="next temperature (0, 0.3, 0.7, 1)"),
+        Binding("f5", "toggle_view", "View", tooltip="Markdown or the draft tokens"),
+        Binding("ctrl+o", "conversations", "Chats", tooltip="saved conversations"),
         # Ctrl+Y is TextArea's redo and Ctrl+B tmux's prefix: copying takes R(eply) and G(rab code)
-        Binding("ctrl+r", "copy_reply", "Copy reply", show=False),
-        Binding("ctrl+g", "copy_code", "Copy code", show=False),
-        Binding("ctrl+q", "quit", "Quit", priority=True),
+        Binding("ctrl+r", "copy_reply", "Copy reply", show=False, tooltip="copy the last reply"),
+        Binding("ctrl+g", "copy_code", "Copy code", show=False, tooltip="copy the last code block"),
+        Binding("ctrl+q", "quit", "Quit", priority=True, tooltip="quit"),
     ]
 
     def __init__(self, source: LoadConfig | Session, sampling: SamplingConfig, *, k: int | None = None,
-                 max_tokens: int = 256, system: str | None = None, warm_start: bool = True,
+                 max_tokens: int | None = None, system: str | None = None, warm_start: bool = True,
                  store: Store | None = None, resume: Conversation | None = None,
                  view_mode: str = "markdown", chat_factory=Chat) -> None:
         """`source` is a LoadConfig (loaded here, in a worker) or an already-loaded Session.
         `store`: where conversations are saved (None: not saved); `resume`: a stored conversation
-        to show and continue; `chat_factory(session, **options)` makes the Chat (tests script one)."""
+        to show and continue; `chat_factory(session, **options)` makes the Chat (tests script one);
+        `max_tokens`: a cap on each reply, None for none (a reply runs until the model stops or the
+        context is full)."""
         super().__init__()
         self.source = source
         self.options = dict(sampling=sampling, k=k, max_tokens=max_tokens, system=system, warm_start=warm_start)
@@ -91,8 +94,8 @@ class ChatApp(Commands, App):
         self.busy = False
         self.view_mode = view_mode
         self.turn = 0
-        self.reply_view: ReplyView | None = None
-        self._turn_info = ""
+        self.reply_view: ReplyView | None = None   # the reply being written
+        self.last_reply: ReplyView | None = None   # the reply /continue extends (None: there is none)
         self._pending_reset = False
         self.last_done: ReplyDone | None = None   # the last finished reply (for tests and status)
         self.load_error: str | None = None        # repeated on stderr by the CLI after exit
@@ -158,17 +161,19 @@ class ChatApp(Commands, App):
         self.post_message(Notice(f"loaded {pair_label(session)} in {time.perf_counter() - start:.1f} s"))
 
     @work(thread=True, group="reply")
-    def generate(self, chat: Chat, text: str, turn: int) -> None:
+    def generate(self, chat: Chat, text: str | None, turn: int) -> None:
+        """Answer `text`, or (None) continue the last reply: its stored message grows."""
+        continued = text is None
         try:
-            prepared = chat.prepare(text)
+            prepared = chat.prepare_continue() if continued else chat.prepare(text)
         except Exception as e:
-            self.post_message(ReplyFailed(turn, one_line(e)))
+            self.post_message(ReplyFailed(turn, one_line(e), continued))
             return
         saver, sampling, k = self.saver, chat.sampling, chat.k
-        user_msg = saver.add_user(text, settings_of(chat), chat.system)
-        writer = saver.start_reply()
+        user_msg = None if continued else saver.add_user(text, settings_of(chat), chat.system)
+        writer = saver.continue_reply(prepared.base) if continued else saver.start_reply()
         self.post_saver_notice()
-        self.post_message(PromptReady(turn, prepared.dropped, len(prepared.prompt), prepared.cached))
+        self.post_message(PromptReady(turn, prepared.dropped, len(prepared.prompt), prepared.cached, prepared.base))
 
         def on_chunk(chunk) -> None:
             self.post_message(ReplyChunk(turn, chunk.pieces))
@@ -178,13 +183,19 @@ class ChatApp(Commands, App):
         try:
             reply = chat.reply(prepared, on_chunk)
         except Exception as e:
-            saver.take_back(user_msg, writer)
-            self.post_message(ReplyFailed(turn, one_line(e)))
+            if continued:   # the reply keeps what the continuation wrote, as if stopped
+                if writer is not None:
+                    writer.finish(partial=True)
+            else:
+                saver.take_back(user_msg, writer)
+            self.post_message(ReplyFailed(turn, one_line(e), continued))
             return
+        # A continuation that added nothing keeps the reply's numbers (None: the stored ones stay).
+        stats = reply_stats(reply, chat, sampling, k) if reply.n_tokens or not continued else None
         if writer is not None:   # stopped by Esc or by quitting: kept, marked partial
-            writer.finish(reply_stats(reply, chat, sampling, k), partial=reply.finish == "stopped")
+            writer.finish(stats, partial=reply.finish == "stopped")
         self.post_saver_notice()
-        self.post_message(ReplyDone(turn, reply.finish, reply.n_tokens, reply.seconds, reply.alpha, reply.n_steps))
+        self.post_message(ReplyDone(turn, reply.finish, stats))
 
     def post_saver_notice(self) -> None:
         notice = self.saver.take_notice()
@@ -225,7 +236,8 @@ class ChatApp(Commands, App):
             self.add_notice(
                 f"context full: dropped the {message.dropped} oldest messages to fit n_ctx "
                 f"(system prompt kept)", "warning")
-        self._turn_info = f"prompt {message.n_prompt} ({message.cached} cached)"
+        if message.base is not None and self.reply_view is not None and message.turn == self.turn:
+            self.reply_view.cut(len(message.base))   # the trailing whitespace a template trims
 
     def on_reply_chunk(self, message: ReplyChunk) -> None:
         if self.reply_view is not None and message.turn == self.turn:
@@ -233,23 +245,27 @@ class ChatApp(Commands, App):
 
     def on_reply_done(self, message: ReplyDone) -> None:
         self.last_done = message
-        why = {"length": " · max tokens", "stopped": " · stopped",
-               "context": " · context full"}.get(message.finish, "")
-        tps = message.n_tokens / message.seconds if message.seconds > 0 else 0.0
-        alpha = "" if message.alpha is None else f" · α {message.alpha:.2f}"
-        per_pass = f" · {message.n_tokens / message.n_steps:.2f} tok/pass" if message.n_steps else ""
         if self.reply_view is not None:
             self.reply_view.finish()
-            self.reply_view.set_note(f"{message.n_tokens} tokens · {tps:.1f} tok/s{alpha}{per_pass}{why} · "
-                                     f"{self._turn_info}")
-        if message.finish == "context":
-            self.add_notice("the context is full; /reset starts over (or restart with a larger --n-ctx)", "warning")
+            if message.stats is not None:
+                self.reply_view.set_note(reply_note(message.stats, message.finish == "stopped"))
+        if message.stats is None:
+            self.add_notice("nothing added: the model ends the reply there")
+        elif message.finish == "length":
+            self.add_notice(f"the reply reached --max-tokens {self.chat.max_tokens}; /continue goes on")
+        elif message.finish == "context":
+            older = "; /continue goes on, the oldest turns dropped" if len(self.chat.history) > 2 else ""
+            self.add_notice(f"the context is full: /reset starts over (or restart with a larger --n-ctx){older}",
+                            "warning")
         self.end_turn()
 
     def on_reply_failed(self, message: ReplyFailed) -> None:
-        if self.reply_view is not None and not self.reply_view.pieces:
-            self.reply_view.parent.remove()
-        self.add_notice(f"error: {message.error} (this message was not kept)", "warning")
+        if not message.continued:   # the turn was taken back: its reply is no conversation's
+            self.last_reply = None
+            if self.reply_view is not None and not self.reply_view.pieces:
+                self.reply_view.parent.remove()
+        kept = "the reply keeps what it had" if message.continued else "this message was not kept"
+        self.add_notice(f"error: {message.error} ({kept})", "warning")
         self.end_turn()
 
     def on_notice(self, message: Notice) -> None:
@@ -271,11 +287,14 @@ class ChatApp(Commands, App):
             self.notify("a reply is still running; Esc stops it", timeout=3)
             return
         event.input.remember(text)
-        self.turn += 1
-        self._turn_info = ""
+        text = as_message(text)
         self.add_row(MessageRow("you", Static(Text(text)), user=True))   # Text: no markup parsing
-        self.reply_view = ReplyView(self.view_mode)
+        self.reply_view = self.last_reply = ReplyView(self.view_mode)
         self.add_row(MessageRow(self.assistant_label(), self.reply_view))
+        self.start_generating(text)
+
+    def start_generating(self, text: str | None) -> None:
+        self.turn += 1
         self.busy = True
         self.chat.stop.clear()
         self.update_status()
@@ -335,7 +354,8 @@ class ChatApp(Commands, App):
             return
         self._pending_reset = False
         self.resume = None
-        self.saver.conv = None   # the next message starts a new saved conversation
+        self.last_reply = None
+        self.saver.opened(None)   # the next message starts a new saved conversation
         if self.chat is not None:
             self.chat.reset()
             self.chat.system = self.options["system"]
@@ -349,8 +369,7 @@ class ChatApp(Commands, App):
         self.add_row(NoticeLine(text, kind))
 
     def assistant_label(self) -> str:
-        name = (self.session.target.meta("general.name") or "model") if self.session else "model"
-        return name.split()[0].split("-")[0].lower()[:6]
+        return speaker(self.session.target.path if self.session else None)
 
     def settings(self) -> dict:
         chat = self.chat

@@ -20,7 +20,7 @@ from localspec.config import ConfigError, DecodeConfig, SamplingConfig
 from localspec.controller import KController
 from localspec.decoder import Step
 from localspec.prefix import common_prefix
-from localspec.stats import RunStats, positions_tested
+from localspec.stats import RunStats
 from localspec.stats import served as stats_served
 from localspec.stream import Chunk, stream_text
 
@@ -62,20 +62,20 @@ class LiveStats:
             by_position = total.acceptance_by_position()
             plain = self._plain
             served = total.drafters()
-        # α as everywhere: accepted / tested positions (localspec.stats), here over the window
-        r_tested = sum(positions_tested(s.n_drafted, s.n_accepted) for s in recent)
-        r_accepted = sum(s.n_accepted for s in recent)
-        r_tokens = sum(len(s.tokens) for s in recent)
-        r_seconds = sum(s.t_draft + s.t_verify + s.t_python for s in recent)
-        tps = r_tokens / r_seconds if r_seconds > 0 else None
+        # The window's α, tokens per target pass and decode tokens/s as localspec.stats defines
+        # them (a pass that emitted nothing, the end-of-generation one, is no pass of the output).
+        window = RunStats()
+        for step in recent:
+            window.add(step)
+        tps = window.tokens_per_second
         plain_tps = 1.0 / plain if plain else None
         return {
             "alpha_all": alpha_all,
-            "alpha_recent": r_accepted / r_tested if r_tested else None,
+            "alpha_recent": window.alpha,
             "draft_efficiency": efficiency,
             "spark": [float(len(s.tokens)) for s in recent],
             "k_now": recent[-1].k if recent else None,
-            "tokens_per_pass": r_tokens / len(recent) if recent else None,
+            "tokens_per_pass": window.tokens_per_step,
             "tps": tps,
             "plain_tps": plain_tps,
             "speedup": tps / plain_tps if tps and plain_tps else None,
@@ -94,30 +94,50 @@ class Turn:
 
     prompt: list[int]
     dropped: int
-    """Oldest messages removed from the history so that prompt + max_tokens fits n_ctx."""
+    """Oldest messages removed from the history so that the prompt leaves the reply its room
+    (`conversation.reply_room`)."""
     cached: int
     """Prompt tokens already in the target's KV cache (not evaluated again)."""
+    base: str | None = None
+    """Continuing the last reply (`Chat.prepare_continue`): its text as the model sees it, which
+    the continuation extends. None: a new reply."""
 
 
 @dataclass(frozen=True)
 class Reply:
     finish: str
     """"stop", "length", "context" (n_ctx reached) or "stopped" (the user pressed Esc)."""
-    n_tokens: int
+    stats: RunStats
+    """This reply's target passes (for a continuation: the continuation's), whose numbers are
+    localspec.stats' own: tokens, α, tokens per target pass, decode-only tokens/s."""
     seconds: float
-    alpha: float | None
-    """Accepted / tested draft positions over the reply (None when nothing was drafted)."""
-    n_steps: int = 0
-    """Target passes (one per chunk)."""
+    """From the start of the reply to its last token: the prompt's prefill included."""
     drafter: str = "none"
     """The drafter the reply was generated with (settings changed meanwhile apply to the next)."""
+    n_prompt: int = 0
+    cached: int = 0
+    """Prompt tokens, and those of them the KV cache held already."""
+    continued: bool = False
+    """It continued the last reply (`/continue`) rather than answering a new message."""
+
+    @property
+    def n_tokens(self) -> int:
+        return self.stats.n_tokens
+
+    @property
+    def n_steps(self) -> int:
+        return self.stats.n_steps
+
+    @property
+    def alpha(self) -> float | None:
+        return self.stats.alpha
 
 
 class Chat:
     """A conversation with one loaded Session. Settings changed while a reply runs apply to the next."""
 
     def __init__(self, session, sampling: SamplingConfig, k: int | None = None,
-                 max_tokens: int = 256, system: str | None = None, k_max: int = 12,
+                 max_tokens: int | None = None, system: str | None = None, k_max: int = 12,
                  warm_start: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         self.session = session
         self.clock = clock   # a test's scripted chat gives a fake one, so its numbers are fixed
@@ -126,6 +146,7 @@ class Chat:
         self.k = k
         self.k_max = max(k_max, k or 0)
         self.max_tokens = max_tokens
+        """A cap on each reply; None: a reply runs until the model stops or the context is full."""
         self.system = system
         self.history: list[dict[str, str]] = []   # user/assistant messages; the system prompt apart
         self.drafter_kind = session.drafter_kind
@@ -178,38 +199,60 @@ class Chat:
 
     def prepare(self, text: str) -> Turn:
         """Add the user's message and build the prompt with the GGUF's chat template, dropping the
-        oldest user/assistant pairs (never the system prompt) while prompt + max_tokens > n_ctx."""
-        target = self.session.target
+        oldest user/assistant pairs (never the system prompt) while the prompt leaves the reply
+        less than its room (`conversation.reply_room`)."""
         self.history.append({"role": "user", "content": text})
         try:
-            fitted = conversation.fit(self.system, self.history, target.chat_prompt, target.n_ctx, self.max_tokens)
+            return self._fit(self.session.target.chat_prompt)
         except ConfigError:
             self.history.pop()
             raise
+
+    def prepare_continue(self) -> Turn:
+        """The prompt that continues the last reply: the conversation with that reply's turn left
+        open (`conversation.open_turn`), so the model goes on from its last token."""
+        if not self.history or self.history[-1]["role"] != "assistant":
+            raise ConfigError("nothing to continue: the conversation does not end with a reply")
+        render = self.session.target.chat_prompt
+        last = self.history[-1]
+        was, last["content"] = last["content"], conversation.seen_content(render, self.messages())
+        try:
+            return self._fit(lambda messages: conversation.open_turn(render, messages), base=last["content"])
+        except ConfigError as e:
+            last["content"] = was
+            if isinstance(e, conversation.PromptTooLong):
+                raise ConfigError(f"cannot continue: the reply and the message it answers fill the context "
+                                  f"(n_ctx {self.session.target.n_ctx}); /reset starts over, or restart with "
+                                  f"a larger --n-ctx") from None
+            raise
+
+    def _fit(self, render, base: str | None = None) -> Turn:
+        target = self.session.target
+        room = conversation.reply_room(target.n_ctx, self.max_tokens)
+        fitted = conversation.fit(self.system, self.history, render, target.n_ctx, room)
         del self.history[:fitted.dropped]
         # The decoder syncs the cache to prompt[:-1]; this much of it is already there.
-        return Turn(fitted.prompt, fitted.dropped, common_prefix(target.tokens, fitted.prompt[:-1]))
+        return Turn(fitted.prompt, fitted.dropped, common_prefix(target.tokens, fitted.prompt[:-1]), base)
 
     def reply(self, turn: Turn, on_chunk: Callable[[Chunk], None]) -> Reply:
-        """Generate the assistant's reply to a prepared turn; stops between target passes once
-        `self.stop` is set. The text generated so far (even if stopped) joins the history."""
+        """Generate the assistant's reply to a prepared turn, or the continuation of the last one;
+        stops between target passes once `self.stop` is set. The text generated so far (even if
+        stopped) joins the history: a new assistant message, or the continued one grows."""
         kind, sampling = self.drafter_kind, self.sampling
         drafter = self._drafter(kind)
         controller = self._controller(kind, drafter, sampling.temperature)
-        decode = DecodeConfig(max_tokens=self.max_tokens, k=self.k, k_max=self.k_max)
+        # No cap: the context bounds the reply (the decoder ends it there, finish "context").
+        decode = DecodeConfig(max_tokens=self.max_tokens or self.session.target.n_ctx, k=self.k, k_max=self.k_max)
         parts: list[str] = []
-        n_tokens = n_tested = n_accepted = n_steps = 0
+        run = RunStats()
         finish = "stop"
         start = self.clock()
         stream = self._stream(drafter, turn.prompt, sampling, decode, controller)
         try:
             for chunk in stream:
-                n_steps += 1
                 self.live.add(chunk.step)
+                run.add(chunk.step)
                 parts.append(chunk.text)
-                n_tokens += len(chunk.tokens)
-                n_tested += positions_tested(chunk.step.n_drafted, chunk.step.n_accepted)
-                n_accepted += chunk.step.n_accepted
                 on_chunk(chunk)
                 if chunk.step.finish is not None:
                     finish = chunk.step.finish
@@ -217,17 +260,22 @@ class Chat:
                     finish = "stopped"
                     break
         except BaseException:
-            self.history.pop()   # take the turn back: the user sees the error and may send it again
+            if turn.base is None:
+                self.history.pop()   # take the turn back: the user sees the error and may send it again
+            else:   # a continuation keeps what it wrote, as one stopped would
+                self.history[-1]["content"] = turn.base + "".join(parts)
             raise
         finally:
             # A generator left by `break` is only closed when collected; close it now so the
             # decoder rewinds the KV cache to the accepted text before anything else runs.
             stream.close()
-        self.history.append({"role": "assistant", "content": "".join(parts)})
+        if turn.base is None:
+            self.history.append({"role": "assistant", "content": "".join(parts)})
+        else:
+            self.history[-1]["content"] = turn.base + "".join(parts)
         if self.warm_start and drafter is not None:   # what this turn taught, for the next session
             warmstart.save(controller, self.session, kind, sampling.temperature)
-        return Reply(finish, n_tokens, self.clock() - start,
-                     n_accepted / n_tested if n_tested else None, n_steps, kind)
+        return Reply(finish, run, self.clock() - start, kind, len(turn.prompt), turn.cached, turn.base is not None)
 
     def _stream(self, drafter, prompt, sampling, decode, controller) -> Iterator[Chunk]:
         """The chunks of one reply; a test's scripted chat replaces this (and nothing else of `reply`)."""

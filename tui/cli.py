@@ -13,11 +13,14 @@ def register(app: typer.Typer) -> None:
     app.command("chat")(chat)
 
 
-@o.with_options(o.MODELS, o.SAMPLING)
+@o.with_options(o.models_for("chat"), o.SAMPLING)
 def chat(
     options: dict = None,
     k: o.DraftTokens = None,
-    max_tokens: o.MaxTokens = 256,
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", show_default=False,
+        help="Stop a reply after this many tokens (default: no cap; a reply runs until the model stops or the "
+             "context is full, and /continue goes on after a cap)."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     no_warm_start: o.NoWarmStart = False,
     no_save: bool = typer.Option(False, "--no-save", help="Do not save this conversation (see `localspec history`)."),
@@ -40,7 +43,8 @@ def chat(
     store = None
     try:
         opts = o.resolve(options, k=k)
-        DecodeConfig(max_tokens=max_tokens, k=opts.k)   # validates max-tokens and -k now, in one line
+        # validates --max-tokens (when given) and -k now, in one line
+        DecodeConfig(**({} if max_tokens is None else {"max_tokens": max_tokens}), k=opts.k)
         system = None if system is None else o.utf8(system, "--system")
         if conv_id is not None and not resume:
             raise ConfigError(f"unexpected argument {conv_id!r} (to continue a conversation: --resume {conv_id})")
@@ -54,12 +58,8 @@ def chat(
         if store is not None:
             store.close()
         o.fail(e)
-    if options["threads"] is None:
-        # The screen needs a core too: llama.cpp's threads spin-wait for each other, and one of them
-        # descheduled by the UI slows decoding ~10× (measured on 2 cores: 6.6 vs 41.6 tokens/s).
-        from localspec.engine import default_threads
-
-        opts = replace(opts, load=replace(opts.load, threads=max(1, default_threads() - 1)))
+    # The screen needs a core too (o.RESERVE): the thread choice leaves it one.
+    opts = replace(opts, load=replace(opts.load, reserve_cores=o.RESERVE["chat"][0]))
 
     from .app import ChatApp   # Textual is imported only when the chat really starts
 

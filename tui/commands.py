@@ -1,4 +1,5 @@
-"""Slash commands, copying, and the saved conversations as the chat shows them.
+"""Slash commands (/continue, /reset, /export, /copy, /help), copying, and the saved conversations
+as the chat shows them.
 
 `Commands` is a part of ChatApp kept apart so that the app module stays about the screen and the
 generation. Reading or writing the store always happens in a thread worker (`tui.saving`); what
@@ -13,19 +14,46 @@ from rich.text import Text
 from textual import work
 from textual.widgets import Static
 
+from localspec.conversation import short_title
 from localspec.export import stats_line
 
 from .conversations import ConversationList, Deleted
 from .messages import Notice, Opened, PromptHistory
+from .prompt import TYPING_KEYS, ChatInput
 from .reply import ReplyView
 from .saving import write_export
-from .widgets import MessageRow
+from .widgets import MessageRow, speaker
 
-HELP = ("Enter sends · Ctrl+J newline · Up/Down earlier prompts · Esc stops a reply · F5 Markdown/draft "
-        "tokens · Ctrl+O saved conversations · Ctrl+R copy reply · Ctrl+G copy code · "
-        "/reset · /export md|json PATH · /copy · /copy code · /help")
-COMMANDS = ("/reset", "/export", "/copy", "/help")
+COMMANDS = (
+    ("/continue", "go on with the last reply from where it ended (a cap, Esc, a full context)"),
+    ("/reset", "start a new conversation (this one stays saved)"),
+    ("/export md|json PATH", "write this conversation to a file"),
+    ("/copy [code]", "copy the last reply [its last code block]"),
+    ("/help", "this list"),
+)
+NAMES = tuple(usage.split()[0] for usage, _ in COMMANDS)
+# A text whose first word is "/name" is a command, known or not (a mistyped one is refused, never
+# sent); "//" at the start sends the rest from its second "/" as a message. "/usr/bin …" is no
+# command: a command's name is letters, digits, "-" and "_".
+COMMAND = re.compile(r"(/[A-Za-z][\w-]*)(?:\s+(.*))?", re.DOTALL)
+KEY_NAMES = {"escape": "Esc", "enter": "Enter", "delete": "Delete", "up": "Up", "down": "Down"}
 FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
+
+
+def key_name(keys: str) -> str:
+    """A binding's keys as /help and the README write them: "ctrl+r" → "Ctrl+R", "escape" → "Esc"."""
+    return "/".join("+".join(KEY_NAMES.get(part, part.capitalize()) for part in key.split("+"))
+                    for key in keys.split(","))
+
+
+def help_text(bindings, typing_keys) -> str:
+    """/help, made from the bindings themselves so that it cannot drift from them: every binding's
+    keys and what it does (its tooltip, else its footer label), and the commands.
+    `typing_keys`: ((keys, what they do), ...) the message box handles itself (tui.prompt)."""
+    keys = [(key_name(b.key), b.tooltip or b.description) for b in bindings]
+    keys += [(key_name(",".join(k)), does) for k, does in typing_keys]
+    commands = [f"{usage} {does}" for usage, does in COMMANDS] + ["//text sends /text as a message"]
+    return "keys: " + " · ".join(f"{k} {does}" for k, does in keys) + "\ncommands: " + " · ".join(commands)
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -51,14 +79,21 @@ def code_blocks(markdown: str) -> list[str]:
 
 
 def parse(text: str) -> tuple[str, list[str]] | None:
-    """(command, arguments) for a known command, else None (the text is a message)."""
-    head, _, rest = text.strip().partition(" ")
-    if head not in COMMANDS:
+    """(command, arguments) for a text shaped as a command (first word "/name"), known or not;
+    None for a message."""
+    m = COMMAND.fullmatch(text.strip())
+    if m is None:
         return None
+    head, rest = m.group(1), m.group(2) or ""
     if head == "/export":
         fmt, _, path = rest.strip().partition(" ")
         return head, [a for a in (fmt, path.strip()) if a]
     return head, rest.split()
+
+
+def as_message(text: str) -> str:
+    """What a text that is no command sends: "//…" sends "/…"."""
+    return text[1:] if text.startswith("//") else text
 
 
 def answered(history: list[dict]) -> list[dict]:
@@ -68,30 +103,36 @@ def answered(history: list[dict]) -> list[dict]:
             if m["role"] != "user" or (i + 1 < len(history) and history[i + 1]["role"] == "assistant")]
 
 
-def stored_note(message) -> str:
-    note = stats_line(message.stats)
-    if message.partial:
-        note = f"{note} · partial" if note else "partial: stopped before it finished"
+def reply_note(stats, partial: bool) -> str:
+    """The line under a reply, one form live and resumed: its numbers (`stats_line`), and
+    "partial" for a reply unfinished other than by Esc (a crash: no numbers, or a failure)."""
+    stats = stats if isinstance(stats, dict) else None   # a hand-edited file may hold anything
+    note = stats_line(stats)
+    if partial and (stats or {}).get("finish") != "stopped":
+        note = f"{note} · partial" if note else "partial: cut off before it finished"
     return note
 
 
 class Commands:
-    """Mixed into ChatApp (which has saver, chat, busy, view_mode, add_notice, add_row, ...)."""
+    """Mixed into ChatApp (which has saver, chat, busy, view_mode, reply_view, last_reply, BINDINGS,
+    add_notice, add_row, start_generating, ...)."""
 
     # ---- slash commands ----------------------------------------------------------------------
     def run_command(self, text: str) -> bool:
         """Run `text` if it is a command; whether it was one (a message otherwise)."""
         parsed = parse(text)
         if parsed is None:
-            if text.startswith("/") and " " not in text.strip():
-                self.add_notice(f"unknown command {text.strip()}; /help lists them", "warning")
-                return True
             return False
         name, args = parsed
-        if name == "/reset":
+        if name not in NAMES:
+            self.add_notice(f"unknown command {name} (not sent); the commands are {', '.join(NAMES)}; "
+                            f"//text sends /text as a message", "warning")
+        elif name == "/reset":
             self.reset_conversation()
+        elif name == "/continue":
+            self.continue_reply()
         elif name == "/help":
-            self.add_notice(HELP)
+            self.add_notice(help_text([*ChatInput.BINDINGS, *self.BINDINGS], TYPING_KEYS))
         elif name == "/copy":
             if args not in ([], ["code"]):
                 self.add_notice("usage: /copy (the last reply) or /copy code (the last code block)", "warning")
@@ -103,6 +144,16 @@ class Commands:
             elif self.chat is not None:
                 self.export(args[0], args[1], list(self.chat.history), self.chat.system)
         return True
+
+    def continue_reply(self) -> None:
+        """/continue: the last reply goes on from its end, in its own view and stored message."""
+        if self.busy:
+            self.add_notice("a reply is still running; Esc stops it, then /continue", "warning")
+        elif self.last_reply is None or not self.chat.history or self.chat.history[-1]["role"] != "assistant":
+            self.add_notice("nothing to continue: /continue goes on with the last reply, and there is none", "warning")
+        else:
+            self.reply_view = self.last_reply
+            self.start_generating(None)
 
     # ---- copying -----------------------------------------------------------------------------
     def action_copy_reply(self) -> None:
@@ -178,15 +229,20 @@ class Commands:
     def show_conversation(self, conv) -> None:
         """Replace what is on screen by a stored conversation, and continue it."""
         self.resume = conv
-        self.saver.conv = conv.id if self.saver.store is not None else None
+        self.saver.opened(conv)
         self.query_one("#conversation").remove_children()
+        self.last_reply = None
         for m in conv.messages:
             if m.role == "user":
                 self.add_row(MessageRow("you", Static(Text(m.content)), user=True))
+                self.last_reply = None
             else:
-                self.add_row(MessageRow(self.assistant_label(), ReplyView(self.view_mode, m.content, stored_note(m))))
+                # labelled by the model that wrote it, as it was live (`speaker`)
+                stats = m.stats if isinstance(m.stats, dict) else {}
+                self.last_reply = ReplyView(self.view_mode, m.content, reply_note(m.stats, m.partial))
+                self.add_row(MessageRow(speaker(stats.get("target") or conv.settings.get("target")), self.last_reply))
         self.add_notice(f"conversation {conv.id} · {len(conv.messages)} messages · "
-                        f"{conv.title or '(untitled)'} — new messages continue it")
+                        f"{short_title(conv.title) or '(untitled)'} — new messages continue it")
         if self.chat is not None:
             self.continue_conversation(conv)
 

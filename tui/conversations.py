@@ -19,6 +19,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
+from localspec.conversation import short_title
 from localspec.export import local_time
 
 
@@ -41,7 +42,7 @@ def row(summary, current: int | None) -> Text:
     text.append(f"{summary.id:>4}  ", style="dim")
     text.append(f"{local_time(summary.updated)}  ", style="dim")
     text.append(f"{summary.n_messages:>3} msg  ", style="dim")
-    text.append(summary.title or "(untitled)")
+    text.append(short_title(summary.title) or "(untitled)")
     if summary.partial:
         text.append("  partial", style="italic dim")
     return text

@@ -40,6 +40,8 @@ class PromptReady(Message):
     dropped: int
     n_prompt: int
     cached: int
+    base: str | None = None
+    """Continuing the last reply: its text as the model sees it (tui.chat.Turn.base)."""
 
 
 @dataclass
@@ -57,20 +59,28 @@ class ReplyDone(Message):
 
     turn: int
     finish: str
-    n_tokens: int
-    seconds: float
-    alpha: float | None
-    """Accepted / tested draft positions over the reply (localspec.stats); None without drafts."""
-    n_steps: int = 0
-    """Target passes."""
+    stats: dict | None
+    """Its numbers as saved (tui.saving.reply_stats), which the note under it shows; None for a
+    continuation that added nothing (the reply keeps its numbers)."""
+
+    @property
+    def n_tokens(self) -> int:
+        return self.stats["n_tokens"] if self.stats else 0
+
+    @property
+    def alpha(self) -> float | None:
+        """Accepted / tested draft positions over the reply (localspec.stats); None without drafts."""
+        return self.stats["alpha"] if self.stats else None
 
 
 @dataclass
 class ReplyFailed(Message):
-    """Generation raised; `error` is one line for the user. The turn was taken back."""
+    """Generation raised; `error` is one line for the user. A new turn was taken back; a
+    continuation keeps what it wrote (`continued`)."""
 
     turn: int
     error: str
+    continued: bool = False
 
 
 @dataclass

@@ -23,6 +23,9 @@ from textual.widgets import TextArea
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 HISTORY_LIMIT = 500
+TYPING_KEYS = ((NEWLINE_KEYS, "new line (Shift/Alt+Enter in terminals that tell them from Enter)"),
+               (("up", "down"), "earlier prompts, from the first / last line"))
+"""Keys the box handles in `_on_key` and TextArea's cursor actions, not bindings: for /help."""
 
 
 class ChatInput(TextArea):
@@ -33,7 +36,7 @@ class ChatInput(TextArea):
     ChatInput { height: auto; min-height: 3; max-height: 10; }
     """
     # For the footer (and a click on it): the keys themselves are taken by `_on_key`, in order.
-    BINDINGS = [Binding("enter", "submit", "Send", show=True)]
+    BINDINGS = [Binding("enter", "submit", "Send", show=True, tooltip="send the message")]
 
     class Submitted(Message):
         def __init__(self, input: "ChatInput", value: str) -> None:

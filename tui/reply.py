@@ -140,6 +140,20 @@ class ReplyView(Vertical):
         self.pieces.extend(pieces)
         self._schedule()
 
+    def cut(self, n_chars: int) -> None:
+        """Keep the first `n_chars` characters (a reply continued from less than it shows: the
+        trailing whitespace a chat template trims). Only what is still to be drawn changes; what
+        is drawn already was whitespace, which neither form shows apart from a trailing line."""
+        kept, n = [], 0
+        for piece, kind in self.pieces:
+            if n + len(piece) > n_chars:
+                piece = piece[: n_chars - n]
+            if piece:
+                kept.append((piece, kind))
+            n += len(piece)
+        self.pieces = kept
+        self._drawn = {m: min(d, len(kept)) for m, d in self._drawn.items()}
+
     def set_mode(self, mode: str) -> None:
         assert mode in MODES, mode
         self.mode = mode

@@ -32,12 +32,17 @@ def settings_of(chat) -> dict:
 
 def reply_stats(reply, chat, sampling, k) -> dict:
     """A finished reply's numbers, in the keys `localspec.export.stats_line` reads (the rest is kept
-    for JSON readers): tokens, α, tokens per target pass, tokens/s, k, drafter, sampling, models."""
-    session = chat.session
-    return {"n_tokens": reply.n_tokens, "alpha": reply.alpha,
-            "tokens_per_step": reply.n_tokens / reply.n_steps if reply.n_steps else None,
-            "tokens_per_second": reply.n_tokens / reply.seconds if reply.seconds > 0 else None,
-            "seconds": round(reply.seconds, 3), "finish": reply.finish,
+    for JSON readers). α, tokens per target pass and `decode_tokens_per_second` are the reply's
+    RunStats (localspec.stats: decode time only, as `generate` reports tokens/s);
+    `tokens_per_second` counts from the start of the reply to its last token, prefill included
+    (what a user waited; tools/chat_speed.py compares it with generate's)."""
+    session, run = chat.session, reply.stats
+    return {"n_tokens": run.n_tokens, "alpha": run.alpha, "tokens_per_step": run.tokens_per_step,
+            "tokens_per_second": run.n_tokens / reply.seconds if reply.seconds > 0 else None,
+            "decode_tokens_per_second": run.tokens_per_second,
+            "seconds": round(reply.seconds, 3), "decode_seconds": round(run.seconds, 3), "finish": reply.finish,
+            "n_prompt_tokens": reply.n_prompt, "cached_tokens": reply.cached,
+            **({"continued": True} if reply.continued else {}),
             "k": "auto" if k is None else k, "drafter": reply.drafter,
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
             "min_p": sampling.min_p, "seed": sampling.seed,
@@ -52,6 +57,8 @@ class Saver:
         self.store = store
         self.conv = conv
         """The stored conversation new turns go to; None until the first message (or after /reset)."""
+        self.last_reply: int | None = None
+        """The stored message of the reply `/continue` would extend (None: none, or not saved)."""
         self._shown: str | None = None
         self._lock = threading.Lock()
 
@@ -78,10 +85,26 @@ class Saver:
         return self.store.add_message(self.conv, "user", text)
 
     def start_reply(self) -> ReplyWriter | None:
-        return None if self.store is None or self.conv is None else self.store.start_reply(self.conv)
+        writer = None if self.store is None or self.conv is None else self.store.start_reply(self.conv)
+        self.last_reply = None if writer is None else writer.id
+        return writer
+
+    def continue_reply(self, text: str) -> ReplyWriter | None:
+        """The last reply's message, to grow from `text` (what it holds, as the model sees it)."""
+        if self.store is None or self.last_reply is None:
+            return None
+        return ReplyWriter(self.store, self.last_reply, text)
+
+    def opened(self, conv: Conversation | None) -> None:
+        """New turns go to `conv` (None: a new conversation), and `/continue` to its last reply."""
+        saved = self.store is not None and conv is not None
+        self.conv = conv.id if saved else None
+        last = conv.messages[-1] if saved and conv.messages else None
+        self.last_reply = last.id if last is not None and last.role == "assistant" else None
 
     def take_back(self, user_msg: int | None, writer: ReplyWriter | None) -> None:
         """The turn failed and the chat forgot it: so does the store."""
+        self.last_reply = None
         if writer is not None:
             writer.discard()
         if self.store is not None:

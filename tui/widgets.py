@@ -24,6 +24,14 @@ def short_name(path) -> str:
     return Path(str(path)).name.removesuffix(".gguf") if path else "—"
 
 
+def speaker(target) -> str:
+    """The label of a reply by the model in file `target` (None: unknown): the first word of its
+    name, e.g. "smollm" for SmolLM2-135M-Instruct.F32.gguf. One rule for a reply written now and
+    one read back from the history (whose stats record the target's path)."""
+    name = short_name(target) if target else ""
+    return name.split("-")[0].split("_")[0].split(".")[0].lower()[:6] or "model"
+
+
 def pair_label(session) -> str:
     """"target X F32 · draft Q4_1" when both are encodings of one model, else both file names."""
     target = short_name(session.target.path)
@@ -67,7 +75,8 @@ def panel_rows(view: dict, settings: dict) -> tuple[list[tuple[str, str]], list[
         ("k now", k_label(view, settings)),
         ("steps by", view.get("served") or "—"),
         ("tokens/pass", fmt(view["tokens_per_pass"])),
-        ("tokens/s", fmt(view["tps"], ".1f")),
+        # decode only (no prefill), over the last 32 passes; the note under a reply has both kinds
+        ("decode tok/s", fmt(view["tps"], ".1f")),
         ("plain tok/s", fmt(view["plain_tps"], ".1f")),
         ("speedup", fmt(view["speedup"], ".2f", "×")),
         ("drafted", str(view["drafted"])),
@@ -95,7 +104,7 @@ def compact(view: dict, settings: dict) -> Text:
     text = Text()
     for label, value in (
         ("α", fmt(view["alpha_all"])), ("α32", fmt(view["alpha_recent"])),
-        ("k", k_label(view, settings)), ("tok/s", fmt(view["tps"], ".1f")),
+        ("k", k_label(view, settings)), ("decode tok/s", fmt(view["tps"], ".1f")),
         ("plain", fmt(view["plain_tps"], ".1f")), ("×", fmt(view["speedup"])),
     ):
         text.append(f"{label} ", style="dim")
