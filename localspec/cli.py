@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
 import importlib
 import io
 import json
@@ -145,10 +144,9 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
             first_step_at = time.perf_counter() - start - chunk.step.t_draft - chunk.step.t_verify - chunk.step.t_python
         stats.add(chunk.step)
         out_tokens.extend(chunk.tokens)
-        visible = chunk.text if chunk.step.finish is None else _complete(chunk.text, target.piece, out_tokens)
-        pieces.append(visible)
-        if not as_json and visible:
-            sys.stdout.write(visible)
+        pieces.append(chunk.text)
+        if not as_json and chunk.text:
+            sys.stdout.write(chunk.text)
             sys.stdout.flush()
     result = {
         "text": "".join(pieces),
@@ -176,18 +174,6 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
     if warm and drafter is not None:
         warmstart.save(controller, session, drafter.name, temperature, run=run)
     return result
-
-
-def _complete(text: str, piece, tokens: list[int]) -> str:
-    """The last chunk's `text` without the U+FFFD that stands for a character the output's last
-    tokens began but never finished (--max-tokens cut it): the output holds whole characters."""
-    if not text.endswith("\ufffd"):
-        return text
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for t in tokens:
-        decoder.decode(piece(t))
-    unfinished = decoder.getstate()[0]
-    return text[:-1] if unfinished else text
 
 
 def summary_line(r: dict) -> str:

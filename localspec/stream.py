@@ -101,9 +101,11 @@ class TextStream:
 
     def take(self, final: bool = False) -> tuple[str, list[tuple[int, str]]]:
         """The text and the (token, its text) pairs released since the last take. `final`: the
-        generation ended, release everything still held (incomplete bytes as U+FFFD)."""
+        generation ended, release everything still held. A character the last tokens began but
+        never finished (--max-tokens cut it) is left out, not shown as U+FFFD: the output holds
+        whole characters only, in generate, chat and serve alike."""
         if final and not self.stopped:
-            self._pending += self._decoder.decode(b"", final=True)
+            self._decoder.reset()   # drops the unfinished character's bytes
             self._release(len(self._pending))
             self._tokens += [(t, text) for t, _, text in self._held]
             self._held = []

@@ -79,6 +79,16 @@ def test_a_tail_that_may_begin_a_stop_string_is_held_back_then_released():
     assert stream.take() == ("cd\u20acX", [(2, "\u00e9cd"), (3, ""), (4, ""), (5, "\u20acX")])
 
 
+def test_a_character_the_last_tokens_never_finished_is_left_out_not_shown_as_fffd():
+    """--max-tokens may end the output inside a character: generate, chat and serve all take their
+    text from this stream, which shows whole characters only."""
+    stream = TextStream(PIECES.__getitem__)
+    assert stream.push([1, 2, 3, 4]) is None   # tokens 3-4 began € but never finished it
+    text, released = stream.take(final=True)
+    assert text == "ab\u00e9cd" and "\ufffd" not in text
+    assert [t for t, _ in released] == [1, 2, 3, 4]   # the tokens are still the output's
+
+
 # ---- the real model: greedy, so the plain run's text is known ---------------------------------
 
 @pytest.fixture(scope="module")
