@@ -88,7 +88,7 @@ GEN = ["generate", "hello", "--max-tokens", "4"]
 # (case id, arguments, stdin, environment, text the error line must contain)
 EXIT_2 = [
     ("unknown-option", [*GEN, "--bogus"], None, None, "--bogus"),
-    ("missing-prompt", ["generate"], None, None, "prompt"),
+    ("missing-prompt", ["generate"], None, None, "PROMPT"),
     ("extra-argument", [*GEN, "more"], None, None, "more"),
     ("not-a-number", ["generate", "hi", "--max-tokens", "ten"], None, None, "--max-tokens"),
     ("unknown-command", ["generat", "hi"], None, None, "generat"),
