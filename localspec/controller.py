@@ -33,7 +33,7 @@ How `observe` learns:
   POSITION_SHRINK pseudo-trials). A two-sided CUSUM (CHANGE_DROP, CHANGE_RISE) detects a change of
   text and keeps only FORGET of the old evidence.
 
-Long because this is one state machine: the decision flow above reads and updates one shared
+Over 400 lines (a reviewed ceiling in tests/test_structure.py) because this is one state machine: the decision flow above reads and updates one shared
 state, and split across modules it would be harder to follow than in one place.
 """
 
