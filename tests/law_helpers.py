@@ -1,7 +1,7 @@
 """What the law tests share: the chi-square check, and the wrong acceptance rules whose failing
 proves that a check has teeth.
 
-The wrong rules take what `localspec.acceptance.accept_sampled` takes (draft tokens, the target's
+The wrong rules take what `localspec.decoding.acceptance.accept_sampled` takes (draft tokens, the target's
 `Dist`s, the draft's `Dist`s or None), so the same rule can be patched into the real decoder
 (test_exact_e2e) or run by the acceptance harness (test_acceptance).
 

@@ -1,4 +1,4 @@
-"""The reference for localspec.sampling: the straightforward full-vocabulary float64 implementation.
+"""The reference for localspec.decoding.sampling: the straightforward full-vocabulary float64 implementation.
 
 Masks over the whole row, full sorts, float64 throughout — what localspec did before its sampling
 learned to cost what the support costs. It follows the same documented tie rule: every cut is a

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from localspec.acceptance import accept_greedy, accept_sampled
+from localspec.decoding.acceptance import accept_greedy, accept_sampled
 from localspec.config import SamplingConfig
-from localspec.dists import BLOCK, Dense, Sparse
-from localspec.sampling import distribution, probabilities, sample
+from localspec.decoding.dists import BLOCK, Dense, Sparse
+from localspec.decoding.sampling import distribution, probabilities, sample
 from tests.law_helpers import Check, always_accept, chi2_check, chi2_critical, residual_is_p
 
 N = 100_000
@@ -230,7 +230,7 @@ def make_case(name: str) -> Case:
         p[0] = _normalise([0.05, 0.1, 0.3, 0.1, 0.15, 0.1, 0.1, 0.1])  # p(draft) = 0.3
         return Case(k, p, q)
     if name.startswith("truncated"):
-        # Target and draft processed by localspec.sampling.probabilities with different logits and
+        # Target and draft processed by localspec.decoding.sampling.probabilities with different logits and
         # different truncations, so their supports differ in both directions.
         k = 3
         if name == "truncated_topk_vs_topp":

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from localspec import bench, bench_report
-from localspec.bench_report import format_report
-from localspec.cli import app
+from localspec.bench import run as bench, report as bench_report
+from localspec.bench.report import format_report
+from localspec.cli.app import app
 from localspec.config import ConfigError
-from localspec.decoder import Step
+from localspec.decoding.decoder import Step
 
 SCHEMA_DOC = Path(__file__).resolve().parent.parent / "docs" / "bench-schema.md"
 TWO_PROMPTS = (

@@ -10,7 +10,7 @@ pytest.importorskip("textual")
 
 from textual._xterm_parser import XTermParser  # noqa: E402
 
-from localspec.history import open_store  # noqa: E402
+from localspec.chats.store import open_store  # noqa: E402
 from localspec_tui.messages import PromptHistory  # noqa: E402
 from tests.test_tui_support import ready, run, scripted_app, send, settled, wait_for  # noqa: E402
 

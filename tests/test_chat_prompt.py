@@ -176,7 +176,7 @@ def test_a_reply_is_continued_from_its_open_turn(pair, reply):
     """`conversation.open_turn`: the rendering with the reply, cut where the template closes its
     turn, tokenized as the whole rendering is; `seen_content` is the reply as the template passes
     it on (Gemma's template trims it)."""
-    from localspec import conversation
+    from localspec.chats import conversation
 
     messages = [{"role": "user", "content": "Tell a story."}, {"role": "assistant", "content": reply}]
     got = conversation.open_turn(pair.tokens, messages)

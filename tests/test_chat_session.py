@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from localspec import warmstart
+from localspec.loading import warmstart
 from localspec.config import ConfigError, SamplingConfig
 from localspec.engine import EngineError
-from localspec.session import LoadConfig, Session, resolve_files
+from localspec.loading.session import LoadConfig, Session, resolve_files
 from tests.tiny_gguf import write_tiny_gguf
 
 pytest.importorskip("textual")

@@ -14,9 +14,9 @@ import json
 import numpy as np
 import pytest
 
-from localspec.controller import REFRESH_PLAIN, WARM_TRUST, KController, expected_tokens
-from localspec.drafters import best_lookup
-from localspec.lookup import class_of
+from localspec.decoding.controller import REFRESH_PLAIN, WARM_TRUST, KController, expected_tokens
+from localspec.decoding.drafters import best_lookup
+from localspec.decoding.lookup import class_of
 
 MS = 1e-3
 # Measured on a 2-core CPU: F32 SmolLM2-135M decode of b tokens; the Q4_1 draft per token.

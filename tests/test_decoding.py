@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from localspec.config import ConfigError, DecodeConfig, ModelConfig, SamplingConfig
-from localspec.decoder import generate_steps
-from localspec.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.decoder import generate_steps
+from localspec.decoding.drafters import ModelDrafter, PromptLookup
 from localspec.engine import Model
-from localspec.hybrid import AutoDrafter
+from localspec.decoding.auto import AutoDrafter
 from tests.test_exact_e2e import Mixed
-from localspec.sampling import probabilities
-from localspec.stats import RunStats
-from localspec.stream import stream_text
+from localspec.decoding.sampling import probabilities
+from localspec.decoding.stats import RunStats
+from localspec.decoding.stream import stream_text
 
 PROMPTS = [
     "Tell me about lighthouses.",

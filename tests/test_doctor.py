@@ -11,8 +11,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localspec import calibrate, doctor, doctor_report, vocab
-from localspec.cli import app
+from localspec.doctor import calibrate, checks as doctor, report as doctor_report
+from localspec.loading import vocab
+from localspec.cli.app import app
 
 runner = CliRunner()
 
@@ -101,7 +102,8 @@ def test_threads_are_reported(report):
 def test_a_calibration_on_a_loaded_machine_is_not_saved_unless_asked(model_paths, warm_cache, monkeypatch):
     """Its timings describe a slower machine: written, they would steer later runs (seen: a record
     from a load of 2.3 kept generate plain on 72-80% of steps)."""
-    from localspec import machine, warmstart
+    from localspec import machine
+    from localspec.loading import warmstart
     from localspec.config import SamplingConfig
 
     busy = "other work kept 1.0 of the 2 cores busy"
@@ -147,7 +149,7 @@ def test_mismatched_pair_is_reported_not_refused(tmp_path):
     import subprocess
     import sys
 
-    from localspec import defaults
+    from localspec.loading import defaults
 
     odd = tmp_path / "odd-eos.gguf"
     subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--special-token-by-id", "eos", "5",
@@ -313,7 +315,7 @@ def test_verify_curve_is_made_non_decreasing():
 
 
 def test_alpha_is_per_token_and_shrunk_toward_the_prior():
-    from localspec.decoder import Step
+    from localspec.decoding.decoder import Step
 
     def step(n_drafted, n_accepted):
         return Step(tokens=(1,) * (n_accepted + 1), from_draft=(), k=4, n_drafted=n_drafted,

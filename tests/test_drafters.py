@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from localspec.config import SamplingConfig
-from localspec.drafters import PromptLookup
-from localspec.lookup import LookupRates, class_of
-from localspec.prefix import common_prefix
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.lookup import LookupRates, class_of
+from localspec.tokens import common_prefix
 
 CFG = SamplingConfig(temperature=0.0)
 RNG = np.random.default_rng(0)
@@ -115,7 +115,7 @@ def test_what_a_drafter_draws_never_shifts_the_acceptance_draws(target):
     """Drafting has a random stream of its own: the same seed gives the same text whether the
     drafter drew numbers or not (both drafts are the same lookup tokens, so only the draws differ)."""
     from localspec.config import DecodeConfig
-    from localspec.decoder import generate_steps
+    from localspec.decoding.decoder import generate_steps
 
     prompt = target.tokenize("The cat sat on the mat. The dog sat on the rug. The cat sat on the mat. The dog")
     cfg = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from localspec.config import DecodeConfig, ModelConfig, SamplingConfig
-from localspec.decoder import generate_steps
+from localspec.decoding.decoder import generate_steps
 from localspec.engine import EngineError, Model
 
 N_CTX = 64

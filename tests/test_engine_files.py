@@ -12,7 +12,7 @@ import pytest
 
 from localspec.config import ModelConfig
 from localspec.engine import EngineError, Model, check_gguf
-from localspec.gguf_info import GGUFFormatError, TruncatedHeader, read_info
+from localspec.engine.gguf import GGUFFormatError, TruncatedHeader, read_info
 
 
 def _fifo(tmp: Path) -> Path:

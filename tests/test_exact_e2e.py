@@ -34,7 +34,7 @@ first, then the draft model's); `mixed` forces every step to 2 lookup tokens (q 
 tokens of the sharpened draft (q = its distribution), so the mixed case is tested on every run,
 and its teeth are a q list that is not aligned with the draft's positions.
 
-The processed rows come from localspec.sampling.distribution, which test_sampling_real checks
+The processed rows come from localspec.decoding.sampling.distribution, which test_sampling_real checks
 against the float64 reference; what is under test here is the speculation around it.
 """
 
@@ -43,14 +43,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import localspec.decoder
-from localspec.acceptance import accept_sampled
+import localspec.decoding.decoder
+from localspec.decoding.acceptance import accept_sampled
 from localspec.config import DecodeConfig, SamplingConfig
-from localspec.decoder import generate_steps
-from localspec.dists import Dense
-from localspec.drafters import ModelDrafter, PromptLookup
-from localspec.hybrid import AutoDrafter, Plan
-from localspec.sampling import distribution
+from localspec.decoding.decoder import generate_steps
+from localspec.decoding.dists import Dense
+from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.auto import AutoDrafter, Plan
+from localspec.decoding.sampling import distribution
 from tests.law_helpers import ALPHA, always_accept, chi2_check, chi2_critical, residual_is_p
 
 CFG = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.0)
@@ -213,7 +213,7 @@ def q_misaligned(draft, p, q, rng):
     (q_misaligned, "mixed", 200),
 ], ids=["always_accept-sharp", "always_accept-lookup", "residual_is_p-sharp", "q_misaligned-mixed"])
 def test_a_wrong_acceptance_rule_fails_the_same_statistic(target, draft, monkeypatch, rule, kind, n):
-    monkeypatch.setattr(localspec.decoder, "accept_sampled", rule)
+    monkeypatch.setattr(localspec.decoding.decoder, "accept_sampled", rule)
     prompt, runs = sample_runs(target, draft, kind, n)
     result = check(target, prompt, runs)
     print(rule.__name__, kind, result)
@@ -244,7 +244,7 @@ def test_k4_untruncated_output_follows_the_target(target, draft, monkeypatch, ru
     """The same law at top-k 0 / top-p 1 with the sharpened draft (most runs reject, and draw
     from the residual); a rule resampling from p instead of the residual must fail it."""
     seen: list = []
-    monkeypatch.setattr(localspec.decoder, "accept_sampled", dense_spy(rule, seen))
+    monkeypatch.setattr(localspec.decoding.decoder, "accept_sampled", dense_spy(rule, seen))
     prompt, runs = sample_runs(target, draft, "sharp", n, seed=1, cfg=UNTRUNCATED)
     dense = all(p is Dense and kinds <= {Dense} for p, kinds in seen) and any(kinds for _, kinds in seen)
     assert dense, "the Dense path was not taken"

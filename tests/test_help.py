@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from localspec.cli import app
+from localspec.cli.app import app
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}   # one line per row: nothing wraps
@@ -108,20 +108,20 @@ class At:
 
 def resolved():
     """`resolve_options` with nothing given: the built-in defaults every command starts from."""
-    from localspec.cli_options import MODEL_OPTIONS, resolve_options
+    from localspec.cli.options import MODEL_OPTIONS, resolve_options
 
     return resolve_options(**{name: None for name in MODEL_OPTIONS})
 
 
 def threads_default(path: tuple[str, ...]) -> int | None:
     """The thread count `path` uses when --threads is not given, as its code computes it."""
-    from localspec import cli_options
+    from localspec.cli import options as cli_options
 
     return cli_options.threads_default(path[0]) if path else None
 
 
 def _drafter_default(phrase: str, at: At) -> None:
-    from localspec.session import LoadConfig, resolve_files
+    from localspec.loading.session import LoadConfig, resolve_files
 
     with_draft = resolve_files(LoadConfig()).drafter   # no --target: the embedded pair
     without = resolve_files(LoadConfig(target=str(at.model_paths[0]))).drafter
@@ -129,15 +129,15 @@ def _drafter_default(phrase: str, at: At) -> None:
 
 
 def _embedded_target(phrase: str, at: At) -> None:
-    from localspec.session import LoadConfig, resolve_files
+    from localspec.loading.session import LoadConfig, resolve_files
 
     assert Path(resolve_files(LoadConfig()).target).name in phrase
 
 
 def _doctor_drafters(phrase: str, at: At) -> None:
-    from localspec.cli_doctor import _pair
+    from localspec.cli.doctor import _pair
     from localspec.config import DRAFTERS
-    from localspec.session import LoadConfig
+    from localspec.loading.session import LoadConfig
 
     # "every one available": all that a pair with a draft model allows, measured one by one
     assert phrase == "every one available"
@@ -269,7 +269,7 @@ def test_placeholders_read_as_documented():
 
 
 def test_bench_help_lists_the_categories_of_the_suite(monkeypatch, tmp_path):
-    from localspec import bench
+    from localspec.bench import run as bench
 
     names = bench.categories_of(bench.load_prompts())
     line = " ".join(rows(help_of(("bench",)))["--category"])

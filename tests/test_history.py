@@ -1,5 +1,5 @@
-"""Saved conversations (localspec.history, export, cli_history) and fitting a history to the context
-(localspec.conversation). No model is loaded: everything here runs in a second or two."""
+"""Saved conversations (localspec.chats.store, export, cli_history) and fitting a history to the context
+(localspec.chats.conversation). No model is loaded: everything here runs in a second or two."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from localspec import conversation, export, history
+from localspec import tokens
+from localspec.chats import conversation, export, store as history
 from localspec.config import ConfigError
-from localspec.conversation import make_title, short_title
-from localspec.history import (BUSY_TIMEOUT_MS, MAX_ID, MIGRATIONS, RETRY_DELAYS, ReplyWriter, Store, StoreError,
-                               _migrate, default_path, open_store)
+from localspec.chats.conversation import make_title, short_title
+from localspec.chats.store import BUSY_TIMEOUT_MS, MAX_ID, MIGRATIONS, RETRY_DELAYS, ReplyWriter, Store, StoreError, _migrate, default_path, open_store
 
 REPO = Path(__file__).resolve().parent.parent
 STATS = {"n_tokens": 12, "alpha": 0.75, "tokens_per_step": 2.4, "tokens_per_second": 41.5, "k": "auto",
@@ -475,7 +475,7 @@ def test_migrations_run_in_order_and_a_failed_one_changes_nothing(store, db):
 
 CRASHING_CHAT = """
 import sys, time
-from localspec.history import open_store
+from localspec.chats.store import open_store
 now = [0.0]
 s = open_store(sys.argv[1], clock=lambda: now[0])
 conv = s.new_conversation({"target": "t.gguf"}, "Be brief.")
@@ -565,19 +565,19 @@ def test_fit_drops_oldest_pairs_never_the_system_prompt_and_leaves_history_alone
 
 
 def test_a_prompt_of_n_ctx_minus_one_tokens_fits_as_in_generate():
-    """One rule (conversation.prompt_fits) for chat, generate and serve: room for one token is enough."""
+    """One rule (localspec.tokens.prompt_fits) for chat, generate and serve: room for one token is enough."""
     n_ctx = 100
     message = lambda n: [{"role": "user", "content": "x" * (n - 4)}]  # noqa: E731 (render: n tokens)
     assert len(conversation.fit(None, message(n_ctx - 1), render, n_ctx, max_tokens=20).prompt) == n_ctx - 1
     with pytest.raises(ConfigError, match="too long"):
         conversation.fit(None, message(n_ctx), render, n_ctx, max_tokens=20)
-    assert conversation.prompt_fits(n_ctx - 1, n_ctx) and not conversation.prompt_fits(n_ctx, n_ctx)
+    assert tokens.prompt_fits(n_ctx - 1, n_ctx) and not tokens.prompt_fits(n_ctx, n_ctx)
 
 
 # ---- the CLI ----------------------------------------------------------------------------------
 def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """`localspec ARGS` through the real entry point, in this process."""
-    from localspec.cli import main
+    from localspec.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["localspec", *args])
     with pytest.raises(SystemExit) as e:

@@ -330,7 +330,7 @@ def test_full_disk_is_refused_before_writing(tmp_path, monkeypatch, capsys, mode
     import shutil
     from collections import namedtuple
 
-    from localspec import cli
+    from localspec.cli import app as cli
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 5_000_000, 5_000_000))

@@ -75,7 +75,7 @@ def hostile(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def history_db(tmp_path_factory) -> dict:
     """A history file with one conversation: an id past SQLite's range reaches SQLite only then."""
-    from localspec.history import open_store
+    from localspec.chats.store import open_store
 
     path = tmp_path_factory.mktemp("history") / "history.sqlite3"
     store = open_store(path, strict=True)
@@ -126,7 +126,7 @@ def test_hostile_input_ends_with_one_error_line(hostile, history_db, args, kw, n
 # -- bounded messages ----------------------------------------------------------------------------
 
 def test_a_value_echoed_from_an_alias_bomb_is_bounded(hostile):
-    from localspec.defaults import MAX_SHOWN
+    from localspec.loading.defaults import MAX_SHOWN
 
     line = one_error_line(run("generate", "hi", "--preset", str(hostile / "bomb3.yaml"), limit_memory=True))
     assert "drafter: must be one of" in line
@@ -136,8 +136,8 @@ def test_a_value_echoed_from_an_alias_bomb_is_bounded(hostile):
 @pytest.mark.parametrize("args", [["x" * 10_000], ["models", "--" + "y" * 10_000], ["-k", "z" * 10_000]],
                          ids=["unknown-command", "unknown-option", "k-value"])
 def test_a_huge_value_in_an_error_is_cut(args):
-    from localspec.cli_options import MAX_LINE
-    from localspec.defaults import MAX_SHOWN
+    from localspec.cli.options import MAX_LINE
+    from localspec.loading.defaults import MAX_SHOWN
 
     if args[0] == "-k":
         args = ["generate", "hi", *args]
@@ -147,8 +147,8 @@ def test_a_huge_value_in_an_error_is_cut(args):
 
 
 def test_error_line_cuts_long_words_and_long_lines(capsys):
-    from localspec.cli_options import MAX_LINE, error_line
-    from localspec.defaults import MAX_SHOWN
+    from localspec.cli.options import MAX_LINE, error_line
+    from localspec.loading.defaults import MAX_SHOWN
 
     error_line(f"bad value {'v' * 5000} in {'/very/long/path' * 40}")
     line = capsys.readouterr().err.rstrip("\n")
@@ -160,7 +160,7 @@ def test_error_line_cuts_long_words_and_long_lines(capsys):
 
 
 def test_shown_never_builds_a_huge_repr():
-    from localspec.defaults import MAX_SHOWN, shown
+    from localspec.loading.defaults import MAX_SHOWN, shown
 
     nested: list = ["lol"] * 9
     for _ in range(5):
@@ -188,7 +188,7 @@ def test_read_capped_reads_at_most_one_byte_past_the_cap():
     import io
 
     from localspec.config import ConfigError
-    from localspec.defaults import read_capped
+    from localspec.loading.defaults import read_capped
 
     source = Endless()
     with pytest.raises(ConfigError, match="the thing is over 100 bytes"):
@@ -203,8 +203,9 @@ def test_read_capped_reads_at_most_one_byte_past_the_cap():
                          ids=["ctrl-c", "internal-error"])
 def test_generate_closes_the_models_when_generation_fails(monkeypatch, capsys, model_paths, fault, code):
     """A fault after the first chunk, mid-generation: the session's models are closed all the same."""
-    from localspec import cli, stream
-    from localspec.session import Session
+    from localspec.cli import app as cli
+    from localspec.decoding import stream
+    from localspec.loading.session import Session
 
     closed = []
     close, stream_text = Session.close, stream.stream_text

@@ -1,4 +1,4 @@
-"""`auto`'s per-step choice (localspec.hybrid.choose) on a KController fed synthetic measurements.
+"""`auto`'s per-step choice (localspec.decoding.auto.choose) on a KController fed synthetic measurements.
 Costs are in milliseconds-as-seconds; what matters is their ratios. Only the tests of what
 `AutoDrafter.prepare` starts afresh use a model (the real draft, whose cache `prepare` fills)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.controller import KController
-from localspec.hybrid import PLAIN, Plan, choose
-from localspec.lookup import class_of
+from localspec.decoding.controller import KController
+from localspec.decoding.auto import PLAIN, Plan, choose
+from localspec.decoding.lookup import class_of
 
 LONG = class_of(16, False)     # a long copy: lookup's best class
 SHORT = class_of(2, True)      # a two-token coincidence with rivals
@@ -94,8 +94,8 @@ def test_a_candidate_the_step_did_not_use_is_scored_against_what_was_emitted():
     """Steps served by the model or plain still teach lookup's rates: the candidate lookup offered
     is compared with the tokens the step emitted. A step that verified lookup's tokens is not
     scored twice."""
-    from localspec.drafters import Draft
-    from localspec.hybrid import AutoDrafter
+    from localspec.decoding.drafters import Draft
+    from localspec.decoding.auto import AutoDrafter
 
     c = KController(12)
     auto = AutoDrafter(model=None)
@@ -117,8 +117,8 @@ COPY = list(range(100, 130)) + [7, 7] + list(range(100, 120))   # the text is co
 def test_a_fixed_k_split_reads_only_this_generations_record(draft):
     """With a fixed k, what an earlier generation taught the controller (lookup failing, the model
     accepted) must not change this one's split: at T > 0 the text depends on who drafted."""
-    from localspec.drafters import ModelDrafter
-    from localspec.hybrid import AutoDrafter
+    from localspec.decoding.drafters import ModelDrafter
+    from localspec.decoding.auto import AutoDrafter
 
     fresh, worn = KController(12, fixed_k=4), KController(12, fixed_k=4)
     for _ in range(100):
@@ -134,8 +134,8 @@ def test_a_fixed_k_split_reads_only_this_generations_record(draft):
 
 
 def test_a_new_generation_does_not_score_the_last_ones_unused_candidate(draft):
-    from localspec.drafters import Draft, ModelDrafter
-    from localspec.hybrid import AutoDrafter
+    from localspec.decoding.drafters import Draft, ModelDrafter
+    from localspec.decoding.auto import AutoDrafter
 
     c = KController(12)
     auto = AutoDrafter(ModelDrafter(draft))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec import presets
+from localspec.loading import presets
 from localspec.config import ConfigError
-from localspec.hub import resolve_model
-from localspec.presets import ModelRef, load_preset, list_presets, preset_dir
+from localspec.loading.hub import resolve_model
+from localspec.loading.presets import ModelRef, load_preset, list_presets, preset_dir
 
 GOOD = """\
 description: "test pair"
@@ -169,7 +169,7 @@ def test_missing_file_path(tmp_path):
 
 
 def test_resolve_embedded_uses_defaults(monkeypatch, tmp_path):
-    from localspec import defaults
+    from localspec.loading import defaults
 
     calls = []
     monkeypatch.setattr(defaults, "default_draft_path", lambda notice: tmp_path / "draft.gguf")
@@ -192,5 +192,5 @@ def test_resolve_hub_model_not_downloaded(monkeypatch, tmp_path):
 def test_preset_dir_prefers_installed_copy(monkeypatch, tmp_path):
     fake_pkg = tmp_path / "localspec"
     (fake_pkg / "_models").mkdir(parents=True)
-    monkeypatch.setattr(presets, "__file__", str(fake_pkg / "presets.py"))
+    monkeypatch.setattr(presets, "__file__", str(fake_pkg / "loading" / "presets.py"))
     assert preset_dir() == (fake_pkg / "_models").resolve()

@@ -17,10 +17,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from localspec import hub
-from localspec.cli_presets import register
+from localspec.loading import hub
+from localspec.cli.presets import register
 from localspec.config import ConfigError
-from localspec.presets import load_preset
+from localspec.loading.presets import load_preset
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PAIR = """\

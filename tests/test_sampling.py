@@ -1,4 +1,4 @@
-"""localspec.sampling: logits -> processed distribution, and drawing from it."""
+"""localspec.decoding.sampling: logits -> processed distribution, and drawing from it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from localspec.config import ConfigError, SamplingConfig
-from localspec.sampling import probabilities, sample
+from localspec.decoding.sampling import probabilities, sample
 from tests import sampling_reference
 from tests.sampling_reference import softmax
 
@@ -313,7 +313,7 @@ def test_sampling_config_accepts(kwargs):
 def test_rows_of_every_level_and_spread_match_the_reference(c):
     """Rows whose max jumps up, drops a little, drops a lot, and rows of every spread (candidates
     near the max, or fewer than k of them): all as the reference says."""
-    from localspec.sampling import distribution
+    from localspec.decoding.sampling import distribution
 
     rng = np.random.default_rng(9)
     for shift in [0.0, 0.0, 3.0, -3.5, -4.5, 20.0, -40.0, 0.5, 100.0, -100.0]:
@@ -332,7 +332,7 @@ def test_shifting_every_logit_changes_nothing(c):
     """Only differences of logits matter. A float32 exp of the logits themselves underflows below
     about -103, and so did top-p's mass: at a shift of -110 top-p 0.9 kept 3 tokens instead of
     thousands. The row sits on a 2^-10 grid, so every shift here is exact in float32."""
-    from localspec.sampling import distribution
+    from localspec.decoding.sampling import distribution
 
     rng = np.random.default_rng(12)
     row = np.round(rng.standard_normal(49_152) * 2.5 * 1024) / 1024

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from localspec.config import ModelConfig, SamplingConfig
-from localspec.dists import Dense, Sparse
-from localspec.sampling import distribution
+from localspec.decoding.dists import Dense, Sparse
+from localspec.decoding.sampling import distribution
 from tests import sampling_reference as ref
 
 SETTINGS = [

@@ -32,10 +32,10 @@ CLI = [sys.executable, "-m", "localspec"]
 @pytest.fixture(scope="module")
 def served(model_paths):
     from localspec.config import SamplingConfig
-    from localspec.serve import Server
-    from localspec.serve_api import Defaults
-    from localspec.serve_http import listen, start_in_thread
-    from localspec.session import LoadConfig, Session
+    from localspec.serve.app import Server
+    from localspec.serve.api import Defaults
+    from localspec.serve.http import listen, start_in_thread
+    from localspec.loading.session import LoadConfig, Session
 
     # One thread: the event loop, the test's clients and llama.cpp share two cores here.
     session = Session.load(LoadConfig(threads=1))
@@ -57,7 +57,7 @@ def client(served, key: str = "none") -> "openai.OpenAI":
 def plain_greedy(served, tokens: list[int], max_tokens: int = 24) -> str:
     """Plain decoding (no drafter) on the server's own target: what speculation must reproduce."""
     from localspec.config import DecodeConfig, SamplingConfig
-    from localspec.stream import stream_text
+    from localspec.decoding.stream import stream_text
 
     wait_idle(served)
     chunks = stream_text(served.session.target, None, tokens, SamplingConfig(temperature=0.0),
@@ -387,7 +387,7 @@ def test_metrics_and_models(served):
 
 def test_serve_without_the_extra_says_how_to_install_it():
     code = ("import sys; sys.modules['starlette'] = None; sys.argv = ['localspec', 'serve']; "
-            "from localspec.cli import main; main()")
+            "from localspec.cli.app import main; main()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: localspec serve needs starlette: pip install 'localspec[serve]'"]
@@ -400,9 +400,9 @@ LOGGED = re.compile(r"localspec: (?P<method>[A-Z]+) (?P<path>\S+) (?P<status>\d{
 
 def test_one_log_line_per_answer_and_one_at_shutdown(served):
     from localspec.config import SamplingConfig
-    from localspec.serve import Server
-    from localspec.serve_api import Defaults
-    from localspec.serve_http import listen, start_in_thread
+    from localspec.serve.app import Server
+    from localspec.serve.api import Defaults
+    from localspec.serve.http import listen, start_in_thread
 
     wait_idle(served)
     lines: list[str] = []

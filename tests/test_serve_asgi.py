@@ -20,7 +20,7 @@ MAX_TOKENS = 400   # far more than a step: a stream that runs to its end is plai
 
 @pytest.fixture(scope="module")
 def session(model_paths):
-    from localspec.session import LoadConfig, Session
+    from localspec.loading.session import LoadConfig, Session
 
     s = Session.load(LoadConfig(threads=1))
     yield s
@@ -30,8 +30,8 @@ def session(model_paths):
 @pytest.fixture
 def server(session):
     from localspec.config import SamplingConfig
-    from localspec.serve import Server
-    from localspec.serve_api import Defaults
+    from localspec.serve.app import Server
+    from localspec.serve.api import Defaults
 
     s = Server(session, Defaults(SamplingConfig(temperature=0.0), max_tokens=24), max_queue=0, warm_start=False)
     yield s

@@ -1,4 +1,4 @@
-"""The serve load test, small enough for CI: `python -m localspec.serve_load` against a real server
+"""The serve load test, small enough for CI: `python -m localspec.serve.loadtest` against a real server
 on loopback (the full run, 32 clients then 500 requests, is in README)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytest.importorskip("uvicorn")
 
 
 def test_concurrent_then_sequential_requests_are_all_answered_and_memory_stays_flat():
-    r = subprocess.run([sys.executable, "-m", "localspec.serve_load", "--clients", "16", "--sequential", "120",
+    r = subprocess.run([sys.executable, "-m", "localspec.serve.loadtest", "--clients", "16", "--sequential", "120",
                         "--max-tokens", "4", "--json"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(r.stdout)

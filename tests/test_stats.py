@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.controller import expected_tokens
-from localspec.decoder import Step
-from localspec.stats import RunStats, positions_tested
+from localspec.decoding.controller import expected_tokens
+from localspec.decoding.decoder import Step
+from localspec.decoding.stats import RunStats, positions_tested
 
 
 def step(n_drafted: int, n_accepted: int) -> Step:

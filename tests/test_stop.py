@@ -1,6 +1,6 @@
 """Stop strings: the text, the tokens, their counts and the target's cache end at the stop.
 
-The rule (module doc of localspec.stream): the text shown is everything before the stop string;
+The rule (module doc of localspec.decoding.stream): the text shown is everything before the stop string;
 the tokens kept are those whose text starts before it (the one it begins in is kept); the cache
 holds the prompt and the kept tokens but the last, as after any run.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from localspec.config import DecodeConfig, SamplingConfig
-from localspec.decoder import generate_steps
-from localspec.drafters import ModelDrafter, PromptLookup
-from localspec.stats import RunStats
-from localspec.stream import TextStream, stream_text
+from localspec.decoding.decoder import generate_steps
+from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.stats import RunStats
+from localspec.decoding.stream import TextStream, stream_text
 
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPT = "Tell me about lighthouses."

@@ -68,7 +68,7 @@ def _llama_threads(model) -> int:
 @pytest.mark.parametrize("other, reserve, threads", [(0.0, 0, 2), (1.0, 0, 1), (0.0, 1, 1)],
                          ids=["idle", "one core taken", "chat leaves a core"])
 def test_the_session_fits_its_threads_once_the_models_have_loaded(model_paths, machine_with, other, reserve, threads):
-    from localspec.session import LoadConfig, Session
+    from localspec.loading.session import LoadConfig, Session
 
     machine_with(other)
     notices = []
@@ -85,7 +85,7 @@ def test_the_session_fits_its_threads_once_the_models_have_loaded(model_paths, m
 
 
 def test_an_explicit_count_is_kept_with_one_line_when_other_work_takes_its_cores(model_paths, machine_with):
-    from localspec.session import LoadConfig, Session
+    from localspec.loading.session import LoadConfig, Session
 
     machine_with(1.0)
     notices = []
@@ -102,7 +102,7 @@ def test_generate_json_reports_the_threads_and_the_cores_it_got(model_paths, mac
 
     from typer.testing import CliRunner
 
-    from localspec.cli import app
+    from localspec.cli.app import app
 
     machine_with(1.0)
     r = CliRunner().invoke(app, ["generate", "Hello", "--target", str(model_paths[0]), "--drafter", "none",
@@ -119,8 +119,8 @@ def test_each_command_shows_its_real_default(command, reserve):
     else does (serve and chat leave a core to their event loop and screen)."""
     from typer.testing import CliRunner
 
-    from localspec import cli_options
-    from localspec.cli import app
+    from localspec.cli import options as cli_options
+    from localspec.cli.app import app
 
     text = " ".join(CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "300"}).output.split())
     want = machine.choose_threads(None, reserve=reserve, other=0.0).threads

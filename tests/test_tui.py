@@ -17,11 +17,11 @@ import pytest
 pytest.importorskip("textual")
 
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig  # noqa: E402
-from localspec.prefix import common_prefix  # noqa: E402
-from localspec.session import LoadConfig, Session  # noqa: E402
-from localspec.stream import stream_text  # noqa: E402
+from localspec.tokens import common_prefix  # noqa: E402
+from localspec.loading.session import LoadConfig, Session  # noqa: E402
+from localspec.decoding.stream import stream_text  # noqa: E402
 from localspec_tui.app import ChatApp  # noqa: E402
-from localspec.decoder import Step  # noqa: E402
+from localspec.decoding.decoder import Step  # noqa: E402
 from localspec_tui.chat import Chat, LiveStats  # noqa: E402
 from localspec_tui.reply import ReplyView  # noqa: E402
 from tests.test_tui_support import screen_text  # noqa: E402

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from localspec import export
-from localspec.history import open_store
-from localspec.stats import positions_tested
+from localspec.chats import export
+from localspec.chats.store import open_store
+from localspec.decoding.stats import positions_tested
 from tests.test_tui_support import (CODE_REPLY, PREFILL_SECONDS, STEP_SECONDS, long_reply, mid_reply, notices, ready,
                                     run, screen_text, script, scripted_app, send, type_and_send, wait_for)
 
@@ -298,7 +298,7 @@ def test_a_store_that_fails_mid_chat_says_so_once(store):
 
 CRASHING_CHAT = """
 import asyncio, sys
-from localspec.history import open_store
+from localspec.chats.store import open_store
 from tests.test_tui_support import CODE_REPLY, long_reply, ready, scripted_app, send, type_and_send
 
 async def main():

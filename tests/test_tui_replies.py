@@ -9,7 +9,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from localspec.stats import RunStats
+from localspec.decoding.stats import RunStats
 from localspec_tui.reply import ReplyView
 from localspec_tui.widgets import MessageRow
 from tests.test_tui_support import (CODE_REPLY, PREFILL_SECONDS, ROLES, STEP_SECONDS, TURN_END, TURN_START, mid_reply,
@@ -48,7 +48,7 @@ def test_a_1000_token_story_finishes_without_a_cap():
 
 
 def test_with_no_cap_old_turns_make_room_for_a_long_reply_which_may_run_past_it():
-    from localspec import conversation
+    from localspec.chats import conversation
     from tests.test_tui_support import GREEDY, FakeSession, ScriptedChat
 
     assert conversation.reply_room(4096, None) == conversation.REPLY_ROOM == 1024
@@ -81,7 +81,7 @@ def test_max_tokens_still_caps_a_reply_and_says_how_to_go_on():
 
 
 def test_the_chat_command_has_no_cap_by_default():
-    from localspec.cli import app as cli_app
+    from localspec.cli.app import app as cli_app
 
     result = CliRunner().invoke(cli_app, ["chat", "--help"], terminal_width=200)
     assert result.exit_code == 0
@@ -217,7 +217,7 @@ def test_a_reply_reads_the_same_live_and_after_resume(store):
     assert "30 tokens" in now[1] and "max tokens" in now[1] and "tokens/s decode" in now[1]
 
 
-# ---- items 8 and 9: the panel's numbers, labelled, from localspec.stats -----------------------
+# ---- items 8 and 9: the panel's numbers, labelled, from localspec.decoding.stats -----------------------
 def test_panel_and_note_speeds_are_labelled_and_each_has_one_definition():
     async def scenario():
         app = scripted_app()

@@ -11,7 +11,7 @@ from textual import events
 from textual.widget import Widget
 from textual.widgets import Static
 
-from localspec.history import open_store
+from localspec.chats.store import open_store
 from localspec_tui.commands import code_blocks, parse
 from localspec_tui.reply import BLOCK_LINES, DRAFT_STYLE, ReplyView
 from localspec_tui.widgets import MessageRow

@@ -27,8 +27,8 @@ pytest.importorskip("textual")
 from rich.console import Console  # noqa: E402
 
 from localspec.config import SamplingConfig  # noqa: E402
-from localspec.decoder import Step  # noqa: E402
-from localspec.stream import Chunk  # noqa: E402
+from localspec.decoding.decoder import Step  # noqa: E402
+from localspec.decoding.stream import Chunk  # noqa: E402
 from localspec_tui.app import ChatApp  # noqa: E402
 from localspec_tui.chat import Chat  # noqa: E402
 

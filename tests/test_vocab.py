@@ -88,7 +88,7 @@ def test_eos_differs(ggufs):
 def test_same_vocab_loads_and_generates(ggufs):
     from localspec.config import ModelConfig
     from localspec.engine import Model
-    from localspec.vocab import check as check_vocab
+    from localspec.loading.vocab import check as check_vocab
 
     load = lambda key: Model(ModelConfig(str(ggufs[key]), n_ctx=64, n_threads=1))  # noqa: E731
     with load("A") as a, load("A2") as a2:
@@ -116,7 +116,7 @@ def test_recurrent_target_is_refused_before_generating(ggufs, monkeypatch):
     """A recurrent/hybrid model's state cannot be rewound to drop rejected drafts: say so up front."""
     import localspec.engine as engine
     from localspec.config import ConfigError
-    from localspec.session import LoadConfig, Session
+    from localspec.loading.session import LoadConfig, Session
 
     monkeypatch.setattr(engine.C, "llama_model_is_recurrent", lambda model: True)
     with pytest.raises(ConfigError, match="recurrent/hybrid.*--drafter none") as err:

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from localspec import machine, warmstart
-from localspec.controller import KController
+from localspec import machine
+from localspec.loading import warmstart
+from localspec.decoding.controller import KController
 
 CLI = [sys.executable, "-m", "localspec"]
 
@@ -185,7 +186,7 @@ def _generate(model_paths, *extra):
     machine the tests share is busy must not decide what they see)."""
     from typer.testing import CliRunner
 
-    from localspec.cli import app
+    from localspec.cli.app import app
 
     args = ["generate", "Tell me about lighthouses.", "--target", str(model_paths[0]), "--draft",
             str(model_paths[1]), "--max-tokens", "16", "--temperature", "0", "--json", *(extra or THREADS)]

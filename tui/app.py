@@ -19,10 +19,10 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, Label, ProgressBar, Static
 
 from localspec.config import SamplingConfig
-from localspec.conversation import Conversation
+from localspec.chats.conversation import Conversation
 from localspec.engine import gpu_offload_supported
-from localspec.history import Store
-from localspec.session import LoadConfig, Session
+from localspec.chats.store import Store
+from localspec.loading.session import LoadConfig, Session
 
 from .chat import Chat, LiveStats
 from .commands import Commands, as_message, reply_note

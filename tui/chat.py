@@ -15,14 +15,15 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from localspec import conversation, warmstart
+from localspec.chats import conversation
+from localspec.loading import warmstart
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig
-from localspec.controller import KController
-from localspec.decoder import Step
-from localspec.prefix import common_prefix
-from localspec.stats import RunStats
-from localspec.stats import served as stats_served
-from localspec.stream import Chunk, stream_text
+from localspec.decoding.controller import KController
+from localspec.decoding.decoder import Step
+from localspec.tokens import common_prefix
+from localspec.decoding.stats import RunStats
+from localspec.decoding.stats import served as stats_served
+from localspec.decoding.stream import Chunk, stream_text
 
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
 WINDOW = 32          # steps in the rolling α, tokens/s and sparkline
@@ -62,7 +63,7 @@ class LiveStats:
             by_position = total.acceptance_by_position()
             plain = self._plain
             served = total.drafters()
-        # The window's α, tokens per target pass and decode tokens/s as localspec.stats defines
+        # The window's α, tokens per target pass and decode tokens/s as localspec.decoding.stats defines
         # them (a pass that emitted nothing, the end-of-generation one, is no pass of the output).
         window = RunStats()
         for step in recent:

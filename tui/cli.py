@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from localspec import cli_options as o
+from localspec.cli import options as o
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +38,7 @@ def chat(
     import sys
     from dataclasses import replace
 
-    from localspec.session import resolve_files
+    from localspec.loading.session import resolve_files
 
     store = None
     try:
@@ -85,7 +85,7 @@ def open_history(no_save: bool, resume: str | None):
     ConfigError, reported before the screen opens; a store that cannot be used only turns saving
     off (the chat says so), unless --resume needs it."""
     from localspec.config import ConfigError
-    from localspec.history import default_path, open_store
+    from localspec.chats.store import default_path, open_store
 
     if no_save and resume is None:
         return None, None   # the history file is not even opened

@@ -14,8 +14,8 @@ from rich.text import Text
 from textual import work
 from textual.widgets import Static
 
-from localspec.conversation import short_title
-from localspec.export import stats_line
+from localspec.chats.conversation import short_title
+from localspec.chats.export import stats_line
 
 from .conversations import ConversationList, Deleted
 from .messages import Notice, Opened, PromptHistory

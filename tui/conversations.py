@@ -19,13 +19,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from localspec.conversation import short_title
-from localspec.export import local_time
+from localspec.chats.conversation import short_title
+from localspec.chats.export import local_time
 
 
 @dataclass
 class Listed(Message):
-    rows: list   # localspec.history.Summary, newest first
+    rows: list   # localspec.chats.store.Summary, newest first
 
 
 @dataclass

@@ -20,7 +20,7 @@ class LoadProgress(Message):
 
 @dataclass
 class Loaded(Message):
-    """The models are loaded; `session` is a localspec.session.Session."""
+    """The models are loaded; `session` is a localspec.loading.session.Session."""
 
     session: Any
 
@@ -69,7 +69,7 @@ class ReplyDone(Message):
 
     @property
     def alpha(self) -> float | None:
-        """Accepted / tested draft positions over the reply (localspec.stats); None without drafts."""
+        """Accepted / tested draft positions over the reply (localspec.decoding.stats); None without drafts."""
         return self.stats["alpha"] if self.stats else None
 
 
@@ -93,7 +93,7 @@ class Notice(Message):
 
 @dataclass
 class Opened(Message):
-    """A stored conversation, read by a worker, to show and continue (a localspec.history.Conversation)."""
+    """A stored conversation, read by a worker, to show and continue (a localspec.chats.store.Conversation)."""
 
     conversation: Any
 

@@ -1,4 +1,4 @@
-"""The chat's side of saved conversations (localspec.history): what is stored, and when.
+"""The chat's side of saved conversations (localspec.chats.store): what is stored, and when.
 
 Every method here touches the SQLite file, so the app calls them on worker threads only: the
 generation worker saves its own turn (the user's message, then the reply through a ReplyWriter),
@@ -13,9 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from localspec import export
-from localspec.conversation import Conversation, Message, make_title
-from localspec.history import ReplyWriter, Store
+from localspec.chats import export
+from localspec.chats.conversation import Conversation, Message, make_title
+from localspec.chats.store import ReplyWriter, Store
 
 RECENT_CONVERSATIONS = 20   # whose user messages Up/Down recall, besides this session's
 
@@ -31,9 +31,9 @@ def settings_of(chat) -> dict:
 
 
 def reply_stats(reply, chat, sampling, k) -> dict:
-    """A finished reply's numbers, in the keys `localspec.export.stats_line` reads (the rest is kept
+    """A finished reply's numbers, in the keys `localspec.chats.export.stats_line` reads (the rest is kept
     for JSON readers). α, tokens per target pass and `decode_tokens_per_second` are the reply's
-    RunStats (localspec.stats: decode time only, as `generate` reports tokens/s);
+    RunStats (localspec.decoding.stats: decode time only, as `generate` reports tokens/s);
     `tokens_per_second` counts from the start of the reply to its last token, prefill included
     (what a user waited; tools/chat_speed.py compares it with generate's)."""
     session, run = chat.session, reply.stats

@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 from typing import Sequence
 
-from ..gguf_info import GGUFFormatError, TruncatedHeader, read_info
+from .gguf import GGUFFormatError, TruncatedHeader, read_info
 
 
 class EngineError(RuntimeError):

@@ -67,7 +67,7 @@ def quantize(src: str | Path, dst: str | Path, ftype: str = "F32", threads: int 
 
 def _whole(path: Path) -> bool:
     """The header reads and every tensor's data is in the file (a full disk can end it early)."""
-    from ..gguf_info import GGUFFormatError, read_info
+    from .gguf import GGUFFormatError, read_info
 
     try:
         return not read_info(path).truncated
@@ -77,7 +77,7 @@ def _whole(path: Path) -> bool:
 
 def _check_space(src: Path, dst: Path, ftype: str) -> None:
     """Refuse before writing when the folder clearly lacks the room."""
-    from ..gguf_info import GGUFFormatError, read_info
+    from .gguf import GGUFFormatError, read_info
 
     per_weight = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32}.get(ftype)
     try:

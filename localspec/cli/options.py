@@ -1,0 +1,310 @@
+"""What the commands share: their options, declared once, and how they are read.
+
+`generate`, `bench`, `chat` and `doctor` take the model, sampling and offload options below; each
+command module imports this one, and nothing but the entry point imports `localspec.cli.app`.
+Defaults are None so that an explicit flag can be told apart from a preset's value
+(`resolve_options`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import secrets
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
+
+import typer
+
+from localspec.config import MAX_DRAFT, NEEDS_DRAFT, ConfigError, SamplingConfig
+from localspec.loading.defaults import MAX_SHOWN, TARGET_FILE, shown
+
+Target = Annotated[Optional[str], typer.Option(
+    "--target", help=f"Target GGUF (default: {TARGET_FILE}, the embedded model, made once into the cache).")]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF sharing the target's tokenizer.")]
+Drafter = Annotated[Optional[str], typer.Option(
+    "--drafter", help="auto | model | lookup | none (default: auto when a draft is available, else lookup).")]
+DraftTokens = Annotated[Optional[str], typer.Option(
+    "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default).")]
+# The sampling defaults are SamplingConfig's, which `resolve_options` applies.
+Temperature = Annotated[Optional[float], typer.Option(
+    "--temperature", help=f"0 = greedy (default {SamplingConfig.temperature:g}).")]
+TopK = Annotated[Optional[int], typer.Option(
+    "--top-k", help=f"Top-k truncation, 0 = off (default {SamplingConfig.top_k}).")]
+TopP = Annotated[Optional[float], typer.Option(
+    "--top-p", help=f"Nucleus truncation, 1 = off (default {SamplingConfig.top_p:g}).")]
+MinP = Annotated[Optional[float], typer.Option(
+    "--min-p", help=f"Min-p truncation, 0 = off (default {SamplingConfig.min_p:g}).")]
+Seed = Annotated[Optional[int], typer.Option(
+    "--seed", help="Random seed; -1 or none = random (the seed used is reported in --json).")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Stop after this many tokens.")]
+NCtx = Annotated[Optional[int], typer.Option("--n-ctx", help="Context length (default 4096).")]
+RESERVE = {"chat": (1, "the screen"), "serve": (1, "the event loop")}
+"""Cores a command leaves free when it picks the thread count, and for what: the chat's screen and
+the server's event loop run beside decoding, and one of llama.cpp's spin-waiting threads that they
+deschedule slows every step (measured in chat on 2 cores: 6.6 against 41.6 tokens/s)."""
+
+
+def threads_default(command: str) -> int:
+    """--threads when not given, for `command` on this machine with nothing else running (its help
+    shows this); while other work keeps cores busy the run takes fewer (`machine.choose_threads`)."""
+    from localspec.machine import choose_threads
+
+    return choose_threads(None, RESERVE.get(command, (0, ""))[0], other=0.0).threads
+
+
+def _threads_option(command: str) -> Any:
+    reserve, whom = RESERVE.get(command, (0, ""))
+    leave = f", leaving a core to {whom}" if reserve else ""
+    return Annotated[Optional[int], typer.Option("--threads", help=(
+        f"CPU threads (default: {threads_default(command)} here{leave}; fewer while other work keeps cores busy)."))]
+
+
+Threads = _threads_option("generate")
+TargetGpuLayers = Annotated[Optional[int], typer.Option(
+    "--target-gpu-layers", help="Target layers on the GPU, -1 = all (default -1).")]
+DraftGpuLayers = Annotated[Optional[int], typer.Option(
+    "--draft-gpu-layers", help="Draft layers on the GPU, -1 = all (default -1).")]
+ChatTemplate = Annotated[bool, typer.Option(
+    "--chat/--raw", help="Apply the GGUF's chat template, or send raw text.")]
+Preset = Annotated[Optional[str], typer.Option(
+    "--preset", help="Model preset from `localspec models`; flags override it.")]
+NoWarmStart = Annotated[bool, typer.Option(
+    "--no-warm-start", help="Start the k controller from nothing: neither read nor save what earlier runs learned.")]
+
+MODELS = {"preset": Preset, "target": Target, "draft": Draft, "n_ctx": NCtx, "threads": Threads,
+          "target_gpu_layers": TargetGpuLayers, "draft_gpu_layers": DraftGpuLayers}
+"""Which models to load and how: `doctor` takes these."""
+
+
+def models_for(command: str) -> dict:
+    """MODELS with the --threads default that `command` uses (chat and serve leave a core free)."""
+    return {**MODELS, "threads": _threads_option(command)} if command in RESERVE else MODELS
+
+
+SAMPLING = {"drafter": Drafter, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "min_p": MinP,
+            "seed": Seed}
+"""How to draft and sample: `generate`, `bench` and `chat` take these too."""
+MODEL_OPTIONS = (*MODELS, *SAMPLING, "k")
+"""The parameter names `resolve` reads from a command's arguments (absent ones count as not given)."""
+
+
+def with_options(*groups: Mapping[str, Any]) -> Callable:
+    """Give a Typer command the options of `groups`, declared once above, where its parameter
+    `options` stands; the command receives their values as one dict in `options`."""
+    declared = {name: kind for group in groups for name, kind in group.items()}
+
+    def decorate(func: Callable) -> Callable:
+        sig = inspect.signature(func, eval_str=True)
+        params: list[inspect.Parameter] = []
+        for p in sig.parameters.values():
+            if p.name == "options":
+                params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                             annotation=kind) for name, kind in declared.items()]
+            else:
+                params.append(p)
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            options = {name: kwargs.pop(name, None) for name in declared}
+            return func(*args, options=options, **kwargs)
+
+        command.__signature__ = sig.replace(parameters=params)  # what Typer reads
+        return command
+
+    return decorate
+
+
+def plain_placeholders(command: Any) -> None:
+    """One style of placeholder in `command`'s help and usage lines, and in those of its
+    subcommands: an argument is its name in capitals, in brackets when it may be left out
+    (PROMPT, ID, [FILE]); an option's value is its metavar (FILE, or the literal values it takes)
+    or else its type as Click names it (INTEGER, FLOAT, TEXT); a flag has none. Typer's own
+    (`<bool>` on every flag, `{prompt}` beside `{ID}`, `[[FILE]]`) says less and changes between
+    its releases; the root command applies this once, to every command, at start."""
+    for param in command.params:
+        _plain(param)
+    context = getattr(command, "context_class", None)
+    if context is not None and hasattr(command, "get_help_option"):   # --help, made per command
+        help_option = command.get_help_option(context(command))
+        if help_option is not None:
+            _plain(help_option)
+    for sub in getattr(command, "commands", {}).values():
+        plain_placeholders(sub)
+
+
+def _plain(param: Any) -> None:
+    if param.param_type_name == "argument":
+        raw = (param.metavar or param.name or "").strip("[]{}")
+        label = raw if "|" in raw else raw.upper()   # md|json: the literal values, as typed
+        shown = (label if param.required else f"[{label}]") + ("..." if param.nargs != 1 else "")
+        param.metavar = label
+        # The usage line: Typer wraps a required argument in braces, and Click's older releases
+        # show a metavar as given, brackets or not.
+        param.get_usage_pieces = lambda ctx: [shown]
+        if hasattr(param, "display_type_rich"):   # Typer's type column (`<str>`) beside the name
+            param.display_type_rich = lambda ctx: None
+    elif getattr(param, "is_flag", False) or getattr(param, "count", False):
+        param.metavar = ""
+    elif param.metavar is None:
+        param.metavar = _value_name(param)
+
+
+_TYPE_NAMES = {int: "INTEGER", float: "FLOAT", str: "TEXT"}
+"""Click's names of the value types options take."""
+
+
+def _value_name(param: Any) -> str | None:
+    """INTEGER, FLOAT or TEXT for an option's value; None (Typer's own display) for choices."""
+    kind = getattr(param, "type", None)
+    if kind is not None:   # Typer on Click: a Click ParamType
+        return None if hasattr(kind, "choices") else kind.name.upper()
+    described = param.type_descriptor   # Typer with its own Click: the annotation itself
+    if described.is_choice:
+        return None
+    return _TYPE_NAMES.get(typing.get_args(described.annotation)[0] if described.is_list else described.annotation)
+
+
+MAX_LINE = 2000
+"""The most characters of an error line: a message longer than that lost its point long before."""
+
+
+def error_line(message: object) -> None:
+    """`error: …` on stderr, folded to one line, every word (a value echoed whole: a path, a
+    number, a string without spaces) cut to MAX_SHOWN characters and the line to MAX_LINE."""
+    text = str(message)
+    if len(text) > 2 * MAX_LINE:   # never fold a huge text whole: the middle goes anyway
+        text = f"{text[:MAX_LINE]} … {text[-MAX_LINE:]}"
+    text = " ".join(_cut(word, MAX_SHOWN) for word in text.split()) or type(message).__name__
+    typer.echo(f"error: {_cut(text, MAX_LINE)}", err=True)
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text`, or its start and end with an ellipsis between when it is longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 1) // 2
+    return f"{text[:half]}…{text[len(text) - (limit - 1 - half):]}"
+
+
+def fail(message: object) -> NoReturn:
+    """One line on stderr, exit code 2: how every bad input ends."""
+    error_line(message)
+    raise typer.Exit(2)
+
+
+def utf8(text: str, what: str) -> str:
+    """`text` from argv, refused when its bytes were not UTF-8 (Python keeps them as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = os.fsencode(text)
+        fail(f"{what} is not UTF-8 text (byte {raw[len(os.fsencode(text[:e.start]))]:#04x} "
+             f"at offset {len(os.fsencode(text[:e.start]))})")
+    return text
+
+
+def parse_k(value: str | None) -> int | None:
+    """'auto' (None) or a non-negative integer."""
+    if value is None or value.strip().lower() == "auto":
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        fail(f"draft tokens (-k) must be a number or 'auto', got {shown(value)}")
+    if not 0 <= k <= MAX_DRAFT:
+        fail(f"draft tokens (-k) must be between 0 and {MAX_DRAFT}, got {k}")
+    return k
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Options after merging: explicit flag > preset > built-in default."""
+
+    load: object
+    """The `session.LoadConfig` to load the models with."""
+    sampling: SamplingConfig
+    """Sampling, with a seed drawn when none was given."""
+    k: int | None
+    """Fixed draft tokens per step, or None for the adaptive controller."""
+
+
+def resolve(args: Mapping[str, Any], **override: Any) -> Resolved:
+    """`resolve_options` over a command's arguments (`locals()`), `override` taking precedence."""
+    values = {name: args.get(name) for name in MODEL_OPTIONS} | override
+    return resolve_options(**values)
+
+
+def resolve_options(
+    *,
+    preset: str | None,
+    target: str | None,
+    draft: str | None,
+    drafter: str | None,
+    k: str | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    seed: int | None,
+    n_ctx: int | None,
+    threads: int | None,
+    target_gpu_layers: int | None,
+    draft_gpu_layers: int | None,
+) -> Resolved:
+    """Shared by every command, so that every command reads options the same way."""
+    from localspec.loading.session import LoadConfig
+
+    base = SamplingConfig()
+    p = None
+    if preset:
+        from localspec.loading.hub import resolve_model
+        from localspec.loading.presets import load_preset
+
+        p = load_preset(preset)
+        if target is None:
+            target = str(resolve_model(p.target, preset=p.name))
+        if draft is None and p.draft is not None and (drafter or p.drafter) in NEEDS_DRAFT:
+            draft = str(resolve_model(p.draft, preset=p.name))
+        drafter = drafter or p.drafter
+        base = p.sampling()
+        n_ctx = n_ctx or p.n_ctx
+    pick = lambda given, default: default if given is None else given  # noqa: E731
+    if seed is not None and seed < -1:
+        raise ConfigError(f"seed must be >= 0, or -1 for a random one; got {seed}")
+    threads = _usable_threads(threads)
+    sampling = SamplingConfig(
+        temperature=pick(temperature, base.temperature),
+        top_k=pick(top_k, base.top_k),
+        top_p=pick(top_p, base.top_p),
+        min_p=pick(min_p, base.min_p),
+        seed=seed if seed is not None and seed >= 0 else secrets.randbits(31),  # -1: llama.cpp's "random"
+    )
+    load = LoadConfig(
+        target=target,
+        draft=draft,
+        drafter=drafter,
+        n_ctx=pick(n_ctx, 4096),
+        threads=threads,
+        target_gpu_layers=pick(target_gpu_layers, -1),
+        draft_gpu_layers=pick(draft_gpu_layers, -1),
+    )
+    k_value = parse_k(k) if k is not None else (p.k if p is not None else None)
+    return Resolved(load, sampling, k_value)
+
+
+
+
+def _usable_threads(threads: int | None) -> int | None:
+    """More threads than cores makes llama.cpp's spin-waiting threads queue for the CPU (a step
+    slows down hundreds of times): clamp, and say so."""
+    from localspec.machine import usable_cpus
+
+    cores = usable_cpus()
+    if threads is not None and threads > cores:
+        typer.echo(f"localspec: --threads {threads} is more than the {cores} cores this process may use; "
+                   f"using {cores}", err=True)
+        return cores
+    return threads

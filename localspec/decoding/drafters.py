@@ -1,0 +1,263 @@
+"""Drafters: cheap proposers of the next few tokens, behind one small interface.
+
+The decoder asks a drafter to `plan(context, cap, controller)` (how many tokens to draft now; 0 =
+a plain step), then to `propose(context, k, ...)`, and after verification tells it with `learn`
+what was accepted and what it cost; the controller keeps what is learned (costs, acceptance).
+Drafters never decide what is emitted — only the acceptance rule does — so a bad draft costs speed,
+never correctness.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from localspec.config import SamplingConfig
+from .dists import Dist
+from .lookup import NGRAM_MAX, NGramStore
+from localspec.tokens import common_prefix
+from .sampling import BadLogits, distribution
+
+
+# A drafter at most this many tokens behind the text catches up in the first draft decode, at about
+# its usual price; further behind, the catch-up is a resume cost of its own (KController prices it).
+SYNC_LAG = 4
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    """Proposed continuation, possibly shorter than asked (or empty)."""
+    q: list[Dist | None] | None = None
+    """The distribution each token was sampled from; None for drafts that have no distribution
+    (prompt lookup, greedy drafts), verified as one-hot proposals. In a mixed draft the lookup
+    positions hold None (one-hot) and the model's positions their distribution."""
+    t_host: float = 0.0
+    """Seconds of host work (turning the draft's logits into tokens), part of the drafting time."""
+    source: str = ""
+    """Who drafted: "model", "lookup", or "mixed" (a lookup prefix extended by the model)."""
+    n_lookup: int = 0
+    """How many of `tokens`, from the front, came from prompt lookup."""
+    classes: tuple[int, ...] = ()
+    """The match class of each lookup token (see lookup.py), for learning their acceptance."""
+    n_first: int = 0
+    """Tokens the draft model read in its first decode of this draft (0: no model decode)."""
+    t_first: float = 0.0
+    """Seconds of that first decode: with n_first, the draft's cost of catching up."""
+
+
+class Drafter(Protocol):
+    name: str
+    draft_cost_free: bool
+    """True when proposing costs (almost) nothing, e.g. a table lookup."""
+
+    def prepare(self, context: Sequence[int]) -> None:
+        """Called once after the prompt is known, so its cost counts as prefill, not drafting."""
+
+    def plan(self, context: Sequence[int], cap: int, controller) -> int:
+        """How many tokens to draft now (0 = a plain step), at most `cap`."""
+
+    def propose(
+        self, context: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> Draft: ...
+
+    def learn(self, controller, k: int, draft: Draft | None, n_accepted: int, t_draft: float,
+              t_verify: float) -> None:
+        """Told how the step went: the controller learns costs and acceptance from it."""
+
+
+class _Single:
+    """plan/learn for a drafter that the KController drives alone (the draft model)."""
+
+    def plan(self, context, cap, controller) -> int:
+        limit = self.limit(context, cap)
+        in_sync = self.lag(context) <= SYNC_LAG
+        return controller.choose(cap if limit is None else min(limit, cap), in_sync=in_sync)
+
+    def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
+        n = len(draft.tokens) if draft else 0
+        catchup = catchup_seconds(controller, draft)
+        controller.observe(k, n, n_accepted, t_draft - catchup, t_verify, catchup)
+
+
+def catchup_seconds(controller, draft: Draft | None) -> float:
+    """Of a draft's time, what its first decode spent reading more than the usual one or two
+    tokens (text the model missed: plain or lookup steps, a lookup prefix). Learns the first
+    decode's cost line on the way. The rest is drafting proper, so every timing of k drafted
+    tokens measures the same thing (a usual first decode + k - 1 single ones), however far behind
+    the model was; leaving the catch-up in would make drafting look dearer (a two-point line once
+    priced a token at 14 ms where it costs 9, and the model was dropped), taking the whole first
+    decode out would make it look cheaper."""
+    if draft is None or not draft.n_first:
+        return 0.0
+    controller.first_decode.observe(draft.n_first, draft.t_first)
+    return min(controller.first_decode.extra(draft.n_first), draft.t_first)
+
+
+class ModelDrafter(_Single):
+    """A small GGUF sharing the target's tokenizer, drafting autoregressively.
+
+    Its KV cache follows the accepted text by common prefix: after a rejection only the rejected
+    tail is removed and the one or two tokens it has not seen are fed, never a re-prefill.
+    """
+
+    name = "model"
+    draft_cost_free = False
+
+    # Catching up on a long stretch of plain decoding costs the draft a prefill of every token it
+    # missed, so probing "is speculation paying again?" would cost a fixed share of all plain
+    # decoding however rarely it is done. Past MAX_CATCHUP missed tokens the draft restarts on the
+    # last WINDOW tokens of the text instead: a bounded price, and recent text is what predicts
+    # the next few tokens.
+    MAX_CATCHUP = 64
+    WINDOW = 48
+
+    def __init__(self, model, target_vocab: int | None = None):
+        self.model = model
+        self.target_vocab = target_vocab or model.n_vocab
+        self.offset = 0  # the draft's cache holds context[offset:]
+
+    def prepare(self, context: Sequence[int]) -> None:
+        lacking = [i for i, t in enumerate(context) if t >= self.model.n_vocab]
+        self.offset = lacking[-1] + 1 if lacking else 0  # see propose
+        self.model.sync(context[self.offset:-1])
+
+    def limit(self, context: Sequence[int], k_max: int) -> int | None:
+        return None
+
+    def lag(self, context: Sequence[int]) -> int:
+        # The cache holds a prefix of context[offset:] plus at most a rejected tail (never longer
+        # than one draft), so this counts what a proposal would first have to feed.
+        return max(len(context) - self.offset - len(self.model.tokens), 0)
+
+    def propose(self, context, k, sampling, rng) -> Draft:
+        m = self.model
+        view = context[self.offset :]
+        keep = min(common_prefix(m.tokens, view), len(view) - 1)
+        if len(view) - keep > self.MAX_CATCHUP:
+            self.offset = max(len(context) - self.WINDOW, 0)
+            view, keep = context[self.offset :], 0
+        fresh = view[keep:]
+        if fresh and max(fresh) >= m.n_vocab:
+            # A target with a padded vocabulary emitted an id this draft lacks (llama.cpp would
+            # refuse it): the draft reads on from the text after it, and drafts nothing until then.
+            self.offset += keep + max(i for i, t in enumerate(fresh) if t >= m.n_vocab) + 1
+            view, keep = context[self.offset:], 0
+            fresh = view
+        if not fresh:
+            m.truncate(0)
+            return Draft([])
+        m.truncate(keep)
+        start = time.perf_counter()
+        logits = m.eval(fresh, logits_from=-1)
+        first = time.perf_counter() - start
+        tokens: list[int] = []
+        rows: list[Dist] = []
+        host = 0.0
+        for i in range(k):
+            h = time.perf_counter()
+            if sampling.greedy:
+                x = int(logits[0].argmax())
+            else:
+                try:
+                    q = distribution(logits[0], sampling)
+                except BadLogits as e:
+                    e.model = f"the draft {m.name}"
+                    raise
+                x = q.sample(rng)
+                rows.append(q)
+            tokens.append(x)
+            host += time.perf_counter() - h
+            if m.is_eog(x) or x >= self.target_vocab or i == k - 1:
+                break  # nothing sensible follows an end of generation or an id the target lacks
+            logits = m.eval([x], logits_from=0)
+        # Greedy drafts are checked against the target's argmax; no distribution is needed. Ids
+        # past one vocabulary's end have p = 0 or q = 0 there, which the rule handles.
+        return Draft(tokens, rows or None, host, source="model", n_first=len(fresh), t_first=first)
+
+
+class PromptLookup:
+    """Prompt-lookup drafting from an n-gram store over the text (lookup.py), which lives as
+    long as the drafter: across the turns of a chat, and the requests of a server's drafter.
+
+    The draft length is chosen from the acceptance measured for each class of match
+    (`KController.lookup`) against the measured verify costs: drafting costs next to nothing, so
+    a token is worth proposing when its chance of acceptance pays for its verify row.
+    """
+
+    name = "lookup"
+    draft_cost_free = True
+
+    def __init__(self, ngram_max: int = NGRAM_MAX):
+        self.store = NGramStore(ngram_max)
+        self._candidate: list[int] = []
+        self._classes: list[int] = []
+
+    def prepare(self, context: Sequence[int]) -> None:
+        self.store.update(context)
+
+    def limit(self, context: Sequence[int], k_max: int) -> int:
+        """Find the candidate continuation (up to k_max tokens) and return its length."""
+        self.store.update(context)
+        self._candidate, self._classes = self.store.candidate(context, k_max)
+        return len(self._candidate)
+
+    def lag(self, context: Sequence[int]) -> int:
+        return 0  # the store is brought up to date for free
+
+    def candidate(self) -> tuple[list[int], list[int]]:
+        """The tokens and classes found by the last `limit`."""
+        return self._candidate, self._classes
+
+    def plan(self, context, cap, controller) -> int:
+        n = self.limit(context, cap)
+        if n == 0:
+            k = 0                                # nothing to draft
+        elif controller.fixed_k is not None:
+            k = min(controller.fixed_k, n)
+        elif controller.plain_due():
+            k = 0                                # time t_verify(1) first, and now and then
+        else:
+            k = best_lookup(controller, self._classes)[0]
+        controller.last_k = k
+        return k
+
+    def propose(self, context, k, sampling, rng) -> Draft:
+        if not self._candidate:
+            self.limit(context, k)
+        return Draft(self._candidate[:k], source="lookup", n_lookup=min(k, len(self._candidate)),
+                     classes=tuple(self._classes[:k]))
+
+    def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
+        if draft is not None and draft.tokens:
+            controller.lookup.observe(draft.classes, n_accepted)
+        controller.observe(k, len(draft.tokens) if draft else 0, n_accepted, t_draft, t_verify)
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the step's candidate: the next step looks up afresh from the text it brings."""
+        self._candidate, self._classes = [], []
+
+
+LOOKUP_OPTIMISM = 1.0
+"""Standard errors added to a seldom-tried lookup class's acceptance when choosing (lookup.py)."""
+
+
+def lookup_expectation(controller, classes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(reach, tokens) for drafting the first m lookup tokens, m = 0..len(classes): reach[m] is
+    P(all m accepted), tokens[m] the expected tokens the step yields (the target's own included)."""
+    rates = controller.lookup.rates(classes, optimism=LOOKUP_OPTIMISM)
+    reach = np.concatenate(([1.0], np.cumprod(rates)))
+    return reach, 1.0 + np.concatenate(([0.0], np.cumsum(reach[1:])))
+
+
+def best_lookup(controller, classes: Sequence[int]) -> tuple[int, float]:
+    """The number of lookup tokens to verify (0..len(classes)) that maximises expected tokens per
+    second of target time, and that rate."""
+    tokens = lookup_expectation(controller, classes)[1]
+    rate = tokens / controller.verify_curve(len(classes) + 1)
+    k = int(np.argmax(rate))  # ties go to the shorter draft
+    return k, float(rate[k])

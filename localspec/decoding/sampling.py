@@ -1,0 +1,257 @@
+"""Turning a row of logits into the distribution that is sampled — identical for draft and target.
+
+Order follows llama.cpp's default sampler chain: truncate (top-k, top-p, min-p) on the untempered
+distribution, then apply the temperature to what survives.
+
+Cost follows the support, not the vocabulary. A row is read once or twice in place, as the float32
+llama.cpp wrote; what comes out is a `Sparse` distribution (ids + probabilities of the kept tokens)
+whenever something truncates, and a `Dense` one (one float32 softmax, no sort) only when nothing
+does. At 262k tokens a truncated row costs about as much as a few hundred kept tokens, not a
+full-vocabulary float64 pass.
+
+Tie rule, the same for every cut and for draft and target alike: each cut is a threshold on the
+logit, and a token tied with the last one kept is kept too. Top-k keeps every token whose logit is
+at least the k-th largest (more than k when the k-th is tied); top-p keeps every token at least as
+likely as the one that brings the mass to top_p; min-p keeps logit >= max + ln(min_p). The kept set
+depends on the values only, never on the order of ids.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from localspec.config import SamplingConfig
+from .dists import _PY_MAX, Dense, Dist, Sparse
+
+_NEAR = 8.0           # first look for top-k / nucleus candidates this far below the max logit
+_TINY_T = 1e-20       # below this temperature float32 scaling overflows; the limit is the argmax
+
+
+class BadLogits(ValueError):
+    """A row of logits with NaN, or with no finite value: the model produced garbage. `model`
+    names which one, filled in by whoever knows (the decoder, the draft model's drafter)."""
+
+    model: str | None = None
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        return f"{self.model}: {message}" if self.model else message
+
+
+def _max(row: np.ndarray) -> float:
+    m = float(row.max())
+    if not math.isfinite(m):
+        raise BadLogits("the model returned NaN or no finite logits (corrupt weights or a broken backend?)")
+    return m
+
+
+def distribution(row: np.ndarray, cfg: SamplingConfig) -> Dist:
+    """The processed next-token distribution of one float32 row of logits (read in place)."""
+    row = np.asarray(row, dtype=np.float32)
+    if cfg.greedy:
+        return Sparse(np.array([int(row.argmax())]), np.ones(1))
+    top_k = cfg.top_k if 0 < cfg.top_k < len(row) else 0
+    total = None  # the mass top-p reads, relative to exp(max); None = the candidates' own
+    if top_k:
+        # top-p reads the mass of the whole top-k set, below min-p's floor too
+        depth = _NEAR if cfg.top_p < 1.0 or cfg.min_p == 0.0 else min(_NEAR, -_log(cfg.min_p))
+        ids, vals, m = _near(row, depth)
+        if len(ids) < top_k and (cfg.top_p < 1.0 or depth < -_log(cfg.min_p)):
+            ids, vals = _top_k_wide(row, m, top_k)
+        elif len(ids) > top_k:
+            kth = np.partition(vals, len(vals) - top_k)[len(vals) - top_k]
+            keep = vals >= kth
+            ids, vals = ids[keep], vals[keep]
+    elif cfg.top_p < 1.0:
+        ids, vals, m = _near(row, min(_NUCLEUS_DEPTHS[0], -_log(cfg.min_p)))
+        ids, vals, total = _nucleus_candidates(row, m, cfg.top_p, m + _log(cfg.min_p), ids, vals)
+    elif cfg.min_p > 0.0:
+        ids, vals, m = _near(row, -_log(cfg.min_p))
+    else:
+        return _dense(row, _max(row), cfg.temperature)
+    return _truncated(ids, vals, m, cfg, total)
+
+
+def _near(row: np.ndarray, depth: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(ids, logits, max) of every token whose logit is within `depth` of the row's max."""
+    m = _max(row)
+    ids = np.flatnonzero(row >= np.float32(m - depth))
+    return ids, row[ids], m
+
+
+def _log(min_p: float) -> float:
+    return math.log(min_p) if min_p > 0.0 else -math.inf
+
+
+def _truncated(ids: np.ndarray, vals: np.ndarray, m: float, cfg: SamplingConfig, total: float | None) -> Sparse:
+    """What top-p and min-p keep of candidates that hold every token top-k keeps (or the nucleus),
+    with the temperature applied to it. Only top-p needs an order, and only of the values: a
+    (SIMD) sort of the candidates' logits finds its cut; the kept ids stay in candidate order."""
+    if len(vals) <= _PY_MAX:
+        return _truncated_small(ids, vals, m, cfg, total)
+    x = vals.astype(np.float64) - m
+    keep = x >= math.log(cfg.min_p) if cfg.min_p > 0.0 else None
+    if cfg.top_p < 1.0:
+        desc = np.sort(x)[::-1]
+        w = np.exp(desc)
+        before = np.cumsum(w)
+        before -= w
+        limit = cfg.top_p * (float(before[-1] + w[-1]) if total is None else total)
+        last = max(int(np.searchsorted(before, limit, side="left")) - 1, 0)
+        above = x >= desc[last]   # with the cut's ties
+        keep = above if keep is None else keep & above
+    if keep is not None:
+        ids, x = ids[keep], x[keep]
+    p = np.exp(x / cfg.temperature)  # float64: even t = 1e-38 leaves exp(0) = 1 at the top
+    p /= p.sum()
+    return Sparse(ids, p)
+
+
+def _truncated_small(ids: np.ndarray, vals: np.ndarray, m: float, cfg: SamplingConfig,
+                     total: float | None) -> Sparse:
+    """`_truncated` for a few dozen candidates, in Python floats (the same float64 arithmetic):
+    right after a decode each numpy call costs ~10 µs of cold caches, a list loop much less."""
+    pairs = sorted(zip(vals.tolist(), ids.tolist()), reverse=True)
+    x = [v - m for v, _ in pairs]   # descending, x[0] = 0
+    n = len(x)
+    if cfg.min_p > 0.0:
+        floor = math.log(cfg.min_p)
+        n = next((j for j, xj in enumerate(x) if xj < floor), n)
+    w = None
+    if cfg.top_p < 1.0:
+        w = [math.exp(xj) for xj in x]
+        limit = cfg.top_p * (math.fsum(w) if total is None else total)
+        before, last = 0.0, 0
+        for j, wj in enumerate(w):
+            if before >= limit:
+                break
+            last = j
+            before += wj
+        cut = x[last]
+        n = min(n, next((j for j in range(last + 1, len(x)) if x[j] < cut), len(x)))  # the cut's ties
+    if cfg.temperature == 1.0 and w is not None:
+        p = w[:n]
+    else:
+        t = cfg.temperature
+        p = [math.exp(xj / t) for xj in x[:n]]
+    z = math.fsum(p)
+    return Sparse(np.array([i for _, i in pairs[:n]]), np.array([pj / z for pj in p]))
+
+
+def _dense(row: np.ndarray, m: float, t: float) -> Dense:
+    if t < _TINY_T:
+        return Dense((row == np.float32(m)).astype(np.float32))
+    w = np.subtract(row, np.float32(m))
+    if t != 1.0:
+        np.divide(w, np.float32(t), out=w)
+    np.exp(w, out=w)
+    return Dense(w)
+
+
+def _top_k_wide(row: np.ndarray, m: float, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every token whose logit is at least the k-th largest, when fewer than k are near the max:
+    widen the search, and partition the whole row only for a very peaked one."""
+    near = 2 * _NEAR
+    while near <= 8 * _NEAR:
+        ids = np.flatnonzero(row >= np.float32(m - near))
+        if len(ids) >= k:
+            vals = row[ids]
+            kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+            keep = vals >= kth
+            return ids[keep], vals[keep]
+        near *= 2
+    kth = np.partition(row, len(row) - k)[len(row) - k]
+    ids = np.flatnonzero(row >= kth)
+    return ids, row[ids]
+
+
+# How far below the max the nucleus search looks, in turn. Real rows at top-p 0.95 end their
+# nucleus 5-9 units below it (Gemma-3-270M, T = 1): 10 units hold it nearly always, in a few
+# thousand tokens (the count grows ~3x per 2 units); each further try is one more pass.
+_NUCLEUS_DEPTHS = (10.0, 16.0, math.inf)
+
+
+def _nucleus_candidates(row: np.ndarray, m: float, top_p: float, floor: float, ids: np.ndarray,
+                        vals: np.ndarray):
+    """Top-p over the whole vocabulary: one float32 exp pass for the mass, then the candidates near
+    the max (`ids`, `vals`: those within the first depth), widened until they hold top_p of it.
+    Returns (ids, logits, mass) where the ids hold the nucleus, or the min-p set when the
+    nucleus reaches below min-p's floor; the mass is relative to exp(max)."""
+    # Always relative to the max: a float32 exp(logit) underflows to 0 below about -103 (and loses
+    # digits below -87), so a row whose max logit was near -110 kept 3 tokens instead of 1,276 at
+    # top-p 0.9; above +88 it overflows.
+    w = np.subtract(row, np.float32(m))
+    np.exp(w, out=w)
+    # float64 accumulation: a float32 sum's ~1e-7 error moves top-p 0.999 cuts by whole tokens
+    total = float(w.sum(dtype=np.float64))
+    need = top_p * total
+    for i, near in enumerate(_NUCLEUS_DEPTHS):
+        near = min(near, m - floor)
+        if i:
+            ids = np.flatnonzero(row >= np.float32(m - near)) if math.isfinite(near) else np.arange(len(row))
+            vals = row[ids]
+        mass = float(w[ids].sum(dtype=np.float64))
+        if mass >= need or near >= m - floor:
+            break
+    return ids, vals, total
+
+
+# -- blocks of rows ------------------------------------------------------------------------------
+
+
+class Rows:
+    """The distributions of the rows of a logits block, each processed when first read.
+
+    The acceptance rule stops at the first rejection, so rows after it are never processed."""
+
+    def __init__(self, logits: np.ndarray, cfg: SamplingConfig):
+        self._logits = logits
+        self._cfg = cfg
+        self._done: dict[int, Dist] = {}
+
+    def __getitem__(self, i: int) -> Dist:
+        got = self._done.get(i)
+        if got is None:
+            got = self._done[i] = distribution(self._logits[i], self._cfg)
+        return got
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+
+class Argmax:
+    """Greedy counterpart of `Rows`: the argmax of each row, computed when first read."""
+
+    def __init__(self, logits: np.ndarray):
+        self._logits = logits
+
+    def __getitem__(self, i: int) -> int:
+        row = self._logits[i]
+        best = int(row.argmax())
+        if not math.isfinite(float(row[best])):
+            _max(row)  # raises BadLogits with the reason
+        return best
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+
+# -- dense helpers, for tests and analysis -------------------------------------------------------
+
+
+def probabilities(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+    """Dense float64 probabilities for each row of `logits` ((rows, vocab) or (vocab,)).
+
+    For analysis and tests: the decoder works on `distribution`s and never makes these."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if logits.ndim == 1:
+        return distribution(logits, cfg).dense(len(logits))
+    return np.stack([distribution(row, cfg).dense(logits.shape[1]) for row in logits])
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a dense probability vector (need not be exactly normalised)."""
+    support = np.flatnonzero(probs)
+    return Sparse(support, np.asarray(probs, dtype=np.float64)[support]).sample(rng)

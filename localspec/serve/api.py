@@ -1,0 +1,313 @@
+"""The OpenAI-compatible API of `localspec serve`: reading and checking requests, building responses.
+
+No web framework here: request bodies arrive as parsed JSON (dicts), answers leave as dicts, and
+every refusal is an `ApiError` carrying its HTTP status and OpenAI's error body. What localspec
+cannot do is refused, never silently ignored: n > 1, tools and function calls, log probabilities,
+logit bias, a response_format other than text, presence/frequency penalties other than 0. Fields
+OpenAI defines that change nothing here (user, store, metadata, parallel_tool_calls…) and unknown
+fields are ignored, as clients send them freely.
+
+Extensions: `top_k` and `min_p` (as llama.cpp's server takes them), and `usage.localspec` (α,
+draft efficiency, tokens per target pass, mean k, drafter, tokens/s, seed) in every usage object.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from localspec.config import ConfigError, DecodeConfig, SamplingConfig
+
+MAX_STOP = 4   # as OpenAI
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """A refusal: HTTP `status` with OpenAI's error body."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What the command line set: each request may override the sampling fields and max_tokens."""
+
+    sampling: SamplingConfig
+    max_tokens: int = 256
+    k: int | None = None
+    seed: int | None = None
+    """The --seed given on the command line; None = a random seed per request."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked request, ready to tokenize and generate."""
+
+    chat: bool
+    messages: list[dict] | None
+    prompt: str | list[int] | None
+    sampling: SamplingConfig
+    decode: DecodeConfig
+    stream: bool
+    include_usage: bool
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _typed(body: dict, name: str, check, what: str) -> Any:
+    value = body.get(name)
+    if value is not None and not check(value):
+        raise ApiError(f"'{name}' must be {what}, got {type(value).__name__} {value!r:.40}", param=name,
+                       code="invalid_type")
+    return value
+
+
+def _unsupported(body: dict) -> None:
+    def refuse(param: str, message: str) -> None:
+        raise ApiError(message, param=param, code="unsupported_parameter")
+
+    n = _typed(body, "n", _is_int, "an integer")
+    if n is not None and n != 1:
+        refuse("n", f"localspec generates one choice per request; n must be 1, got {n}")
+    best_of = _typed(body, "best_of", _is_int, "an integer")
+    if best_of is not None and best_of != 1:
+        refuse("best_of", f"best_of must be 1, got {best_of}")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            refuse(name, f"'{name}' is not supported: localspec serves plain text generation (no tool calls)")
+    for name in ("tool_choice", "function_call"):
+        if body.get(name) not in (None, "none"):
+            refuse(name, f"'{name}' is not supported: localspec serves plain text generation (no tool calls)")
+    if body.get("logprobs") not in (None, False):
+        refuse("logprobs", "log probabilities are not supported")
+    if body.get("top_logprobs") is not None:
+        refuse("top_logprobs", "log probabilities are not supported")
+    if body.get("logit_bias"):
+        refuse("logit_bias", "logit_bias is not supported: it would change the distribution exact "
+                             "speculative decoding reproduces")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        refuse("response_format", "only response_format {\"type\": \"text\"} is supported")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _typed(body, name, _is_number, "a number")
+        if value:
+            refuse(name, f"{name} is not supported (only 0)")
+    if body.get("echo"):
+        refuse("echo", "echo is not supported")
+    if body.get("suffix") is not None:
+        refuse("suffix", "suffix is not supported")
+
+
+def _sampling(body: dict, defaults: Defaults) -> SamplingConfig:
+    cfg = defaults.sampling
+    for name, check, what in (("temperature", _is_number, "a number"), ("top_p", _is_number, "a number"),
+                              ("top_k", _is_int, "an integer"), ("min_p", _is_number, "a number")):
+        value = _typed(body, name, check, what)
+        if value is not None:
+            try:
+                cfg = replace(cfg, **{name: value})
+            except ConfigError as e:
+                raise ApiError(str(e), param=name, code="invalid_value") from None
+    seed = _typed(body, "seed", _is_int, "an integer")
+    if seed is None:
+        seed = defaults.seed
+    if seed is not None and seed < -1:
+        raise ApiError(f"seed must be >= 0, or -1 for a random one; got {seed}", param="seed", code="invalid_value")
+    if seed is None or seed == -1:
+        seed = secrets.randbits(31)
+    return replace(cfg, seed=seed)
+
+
+def _decode(body: dict, defaults: Defaults) -> DecodeConfig:
+    # both are checked; the newer name wins when both are given
+    max_tokens = _typed(body, "max_tokens", _is_int, "an integer")
+    newer = _typed(body, "max_completion_tokens", _is_int, "an integer")
+    param = "max_completion_tokens" if newer is not None else "max_tokens"
+    max_tokens = newer if newer is not None else max_tokens
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise ApiError("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
+    if len(stop) > MAX_STOP:
+        raise ApiError(f"at most {MAX_STOP} stop strings, got {len(stop)}", param="stop", code="invalid_value")
+    try:
+        return DecodeConfig(max_tokens=defaults.max_tokens if max_tokens is None else max_tokens,
+                            k=defaults.k, k_max=max(12, defaults.k or 0), stop=tuple(stop))
+    except ConfigError as e:
+        raise ApiError(str(e), param=param, code="invalid_value") from None
+
+
+def _streaming(body: dict) -> tuple[bool, bool]:
+    stream = bool(_typed(body, "stream", lambda v: isinstance(v, bool), "a boolean"))
+    options = _typed(body, "stream_options", lambda v: isinstance(v, dict), "an object")
+    if options is not None and not stream:
+        raise ApiError("stream_options is only allowed when stream is true", param="stream_options",
+                       code="invalid_value")
+    include = (options or {}).get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise ApiError("stream_options.include_usage must be a boolean", param="stream_options.include_usage",
+                       code="invalid_type")
+    return stream, bool(include)
+
+
+def _content(message: dict, i: int) -> str:
+    content = message.get("content")
+    if content is None and message.get("role") == "assistant":
+        return ""  # an assistant turn may carry no text (OpenAI allows it there only)
+    if content is None or content == []:
+        raise ApiError("message content is required (a string or a list of text parts)",
+                       param=f"messages[{i}].content", code="missing_required_parameter")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise ApiError("only text content parts are supported", param=f"messages[{i}].content",
+                               code="unsupported_content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ApiError("message content must be a string or a list of text parts", param=f"messages[{i}].content",
+                   code="invalid_type")
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError("'messages' must be a non-empty list", param="messages",
+                       code="missing_required_parameter" if messages is None else "invalid_type")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ApiError(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise ApiError(f"messages[{i}].role must be one of {', '.join(ROLES)} (no tools here), got {role!r:.40}",
+                           param=f"messages[{i}].role", code="invalid_value")
+        out.append({"role": ROLES[role], "content": _content(m, i)})
+    return out
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]   # one prompt in a list: allowed; several would be n > 1
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        return prompt
+    if prompt is None:
+        raise ApiError("'prompt' is required", param="prompt", code="missing_required_parameter")
+    raise ApiError("'prompt' must be a non-empty string, or one list of token ids (one prompt per request)",
+                   param="prompt", code="invalid_value")
+
+
+def parse(body: Any, defaults: Defaults, chat: bool) -> Request:
+    """Check a request body of /v1/chat/completions (`chat`) or /v1/completions."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object", code="invalid_json")
+    _unsupported(body)
+    messages = _messages(body) if chat else None
+    prompt = None if chat else _prompt(body)
+    stream, include_usage = _streaming(body)
+    return Request(chat, messages, prompt, _sampling(body, defaults), _decode(body, defaults), stream, include_usage)
+
+
+def too_long(n_prompt: int, n_ctx: int, chat: bool) -> ApiError:
+    return ApiError(f"the prompt is {n_prompt} tokens, too long for the context of {n_ctx} tokens "
+                    "(it must leave room for at least one generated token; start the server with a larger --n-ctx)",
+                    param="messages" if chat else "prompt", code="context_length_exceeded")
+
+
+# ---- responses -----------------------------------------------------------------------------------
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+
+
+def finish_reason(finish: str | None) -> str:
+    """The decoder's finish as OpenAI names it: n_ctx reached is a length limit too."""
+    return "stop" if finish == "stop" else "length"
+
+
+def usage(result: dict) -> dict:
+    """OpenAI's usage object, plus `localspec`: how speculation went for this request."""
+    return {
+        "prompt_tokens": result["n_prompt"],
+        "completion_tokens": result["n_tokens"],
+        "total_tokens": result["n_prompt"] + result["n_tokens"],
+        "prompt_tokens_details": {"cached_tokens": result["n_cached"]},
+        "localspec": {
+            "alpha": result["alpha"],
+            "draft_efficiency": result["draft_efficiency"],
+            "tokens_per_pass": result["tokens_per_step"],
+            "mean_k": result["mean_k"],
+            "drafter": result["drafter"],
+            "tokens_per_second": result["tokens_per_second"],
+            "n_drafted": result["n_drafted"],
+            "n_accepted": result["n_accepted"],
+            "prefill_seconds": result["prefill_seconds"],
+            "seed": result["seed"],
+        },
+    }
+
+
+class Reply:
+    """Builds the objects of one answer, streamed or whole (same id and creation time throughout)."""
+
+    def __init__(self, chat: bool, model: str):
+        self.chat, self.model = chat, model
+        self.id, self.created = new_id(chat), int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, result: dict) -> dict:
+        reason = finish_reason(result["finish"])
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": reason}
+            head = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            head = self._head("text_completion")
+        return {**head, "choices": [choice], "usage": usage(result)}
+
+    def chunk(self, text: str | None = None, finish: str | None = None, *, first: bool = False,
+              include_usage: bool = False) -> dict:
+        """A streamed piece: text, or (finish given) the last piece of the choice."""
+        reason = None if finish is None else finish_reason(finish)
+        if self.chat:
+            delta: dict = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+            out = {**self._head("text_completion"), "choices": [choice]}
+        if include_usage:
+            out["usage"] = None   # as OpenAI: every chunk has the field, the last one fills it
+        return out
+
+    def usage_chunk(self, result: dict) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage(result)}

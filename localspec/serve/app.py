@@ -1,0 +1,372 @@
+"""`localspec serve`: an OpenAI-compatible HTTP server (Starlette + uvicorn) over one loaded pair.
+
+One generation at a time. The event loop reads and checks requests, and admits each to a bounded
+FIFO (`max_queue` places besides the running one) before rendering and tokenizing it in a thread
+of its own (one: a flood of admitted bodies cannot take every core); when the queue is full or the
+server is shutting down a request is answered 503 at once, before any of that work. A generation
+runs `stream_text` in the single worker thread and hands its text to the loop through an asyncio
+queue (`loop.call_soon_threadsafe`). The target's KV cache is reused across requests by common
+prefix (`Model.sync` in the decoder), so a chat that resends its history only prefills the new
+turn; `usage.prompt_tokens_details.cached_tokens` says how much was reused. That also tells a
+client, by the count and by the prefill time, how much of its prompt the previous client's shared:
+`prefix_share=False` (`--no-prefix-share`) starts every request from an empty cache instead.
+
+Each request gets a fresh drafter (`Session.make_drafter`; the draft model's own cache is reused
+the same way); the k controller lives as long as the server, one per temperature band (greedy,
+sampled), warm-started from the saved record and saved every SAVE_EVERY requests and at shutdown.
+A client that goes away stops its generation within one step: the worker checks a flag between
+steps and closes the stream, whose `finally` rewinds the caches to the accepted text.
+The API itself (parsing, refusals, response objects) is `localspec.serve.api`; the HTTP plumbing
+(the API key, streams, disconnects, running uvicorn) `localspec.serve.http`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
+
+from localspec.loading import warmstart
+from localspec.decoding.controller import KController
+from localspec.engine import Cancelled
+from localspec.tokens import common_prefix, prompt_fits
+from .api import ApiError, Defaults, Reply, parse, too_long
+from .http import CountRequests, EventStream, api_error, collect, http_error, internal_error, key_matches, read_json, sse, watch_disconnect
+from .metrics import Metrics
+from localspec.decoding.stats import RunStats
+from localspec.decoding.stream import stream_text
+
+SAVE_EVERY = 16        # requests between saves of the controller record
+RETRY_AFTER = 2        # seconds, in the 503 of a full queue
+
+
+@dataclass
+class Job:
+    """One admitted request, between the event loop and the worker thread."""
+
+    sampling: object
+    decode: object
+    loop: asyncio.AbstractEventLoop
+    prompt: list[int] = field(default_factory=list)   # filled in once admitted
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    result: dict | None = None   # the final statistics, set by the worker before "done" (for the log)
+
+    def emit(self, kind: str, value) -> None:
+        """From the worker: hand (kind, value) to the request's coroutine."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
+        except RuntimeError:   # the loop has closed: nobody is listening any more
+            pass
+
+
+class Server:
+    """The state of a running server: the session, the queue, the controllers, the counters."""
+
+    def __init__(self, session, defaults: Defaults, *, api_key: str | None = None, max_queue: int = 16,
+                 cors_origins: tuple[str, ...] = (), warm_start: bool = True, prefix_share: bool = True,
+                 log: Callable[[str], None] | None = None):
+        self.session = session
+        self.log = log   # one line per answer and one at shutdown; None: silent (the tests' servers)
+        self.defaults = defaults
+        self.api_key = api_key
+        self.max_queue = max_queue
+        self.prefix_share = prefix_share
+        self.cors_origins = tuple(cors_origins)
+        self.warm_start = warm_start
+        self.model_id = Path(str(session.target.path)).stem
+        self.metrics = Metrics()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
+        self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-tokenize")
+        self._lock: asyncio.Lock | None = None   # made in the server's event loop
+        self._queue: list[Job] = []   # admitted, waiting for the generation slot
+        self._current: Job | None = None
+        self._closing = False
+        self._controllers: dict[str, KController] = {}
+        self._since_save = 0
+        self._closed = False
+        self.answered = 0   # HTTP answers, for the line at shutdown
+
+    # ---- the ASGI application -------------------------------------------------------------------
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+        middleware = [Middleware(CountRequests, metrics=self.metrics, log=self._log_answer if self.log else None)]
+        if self.cors_origins:
+            middleware.append(Middleware(CORSMiddleware, allow_origins=list(self.cors_origins),
+                                         allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
+        handlers = {ApiError: api_error, HTTPException: http_error, Exception: internal_error}
+        return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers,
+                         lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        if not key_matches(request.headers.get("authorization", ""), self.api_key):
+            raise ApiError("invalid or missing API key: send 'Authorization: Bearer KEY'", status=401,
+                           code="invalid_api_key", kind="authentication_error")
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": self.model_id, "busy": self._current is not None,
+                             "queue": self._waiting})
+
+    async def prometheus(self, request: Request) -> PlainTextResponse:
+        self._authorize(request)
+        return PlainTextResponse(self.metrics.render(self._waiting, self._current is not None),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def models(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        s = self.session
+        created = int(s.target.path.stat().st_mtime) if s.target.path.exists() else 0
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_id, "object": "model", "created": created, "owned_by": "localspec",
+            # names, not paths: this answers without an API key when none is set
+            "localspec": {"target": s.target.name, "draft": s.draft.name if s.draft else None,
+                          "drafter": s.drafter_kind, "n_ctx": s.target.n_ctx},
+        }]})
+
+    async def chat_completions(self, request: Request):
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request):
+        return await self._complete(request, chat=False)
+
+    # ---- one request ----------------------------------------------------------------------------
+    async def _complete(self, request: Request, chat: bool):
+        self._authorize(request)
+        self._refuse_if_full()   # before reading a body that would only be refused
+        req = parse(await read_json(request), self.defaults, chat)
+        loop = asyncio.get_running_loop()
+        job = Job(req.sampling, req.decode, loop)
+        self._admit(job)
+        request.state.job = job   # for the request's log line
+        watcher = asyncio.create_task(watch_disconnect(request.receive, job.cancel))
+        try:
+            try:
+                # A chat template over thousands of messages takes seconds: not on the event loop.
+                job.prompt = await loop.run_in_executor(self._tokenizer, self._tokens, req)
+            except BaseException:
+                self._queue.remove(job)
+                raise
+            await self._start(job)
+            reply = Reply(chat, self.model_id)
+            if req.stream:   # the stream watches for the disconnect from here on
+                return EventStream(self._events(job, reply, req.include_usage), job.cancel)
+            text, result = await collect(job)
+        finally:
+            watcher.cancel()
+        return JSONResponse(reply.whole(text, result))
+
+    def _tokens(self, req) -> list[int]:
+        target = self.session.target
+        if req.chat:
+            if target.chat_template is None:
+                raise ApiError(f"{target.name} has no chat template; use /v1/completions with a raw prompt",
+                               param="messages", code="no_chat_template")
+            try:
+                tokens = target.chat_prompt(req.messages)
+            except Exception as e:  # the template's own checks (roles must alternate…)
+                raise ApiError(f"the chat template refused these messages: {e}", param="messages",
+                               code="invalid_value") from None
+        elif isinstance(req.prompt, str):
+            try:
+                tokens = target.tokenize(req.prompt, add_special=True, parse_special=True)
+            except UnicodeEncodeError:
+                raise ApiError("the prompt is not valid Unicode (a lone surrogate?)", param="prompt",
+                               code="invalid_value") from None
+        else:
+            tokens = list(req.prompt)
+            if max(tokens) >= target.n_vocab:
+                raise ApiError(f"token id {max(tokens)} is outside the vocabulary ({target.n_vocab} ids)",
+                               param="prompt", code="invalid_value")
+        if not tokens:
+            raise ApiError("the prompt is empty", param="prompt", code="invalid_value")
+        if not prompt_fits(len(tokens), target.n_ctx):
+            raise too_long(len(tokens), target.n_ctx, req.chat)
+        return tokens
+
+    def _refuse_if_full(self) -> None:
+        """503 at once when shutting down, or when the running generation and the admitted
+        requests (waiting for the slot, or being tokenized) fill the slot and the queue's places.
+        A waiting request whose client has gone no longer holds a place."""
+        if self._closing:
+            raise ApiError("the server is shutting down", status=503, kind="server_error", code="shutting_down")
+        busy = self._lock is not None and self._lock.locked()
+        waiting = self._waiting
+        if busy + waiting > self.max_queue:
+            raise ApiError(f"the server is busy: {'one generation runs and ' if busy else ''}{waiting} requests "
+                           f"wait (--max-queue {self.max_queue}); retry later", status=503, kind="server_error",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER)})
+
+    def _admit(self, job: Job) -> None:
+        """Take a place in the queue, or refuse (`_refuse_if_full`)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        self._refuse_if_full()
+        self._queue.append(job)
+
+    @property
+    def _waiting(self) -> int:
+        return sum(not j.cancel.is_set() for j in self._queue)
+
+    async def _start(self, job: Job) -> None:
+        """Wait for the generation slot (FIFO), then run `job` in the worker; the slot is freed when
+        the worker is done with it, not when the client goes."""
+        try:
+            await self._lock.acquire()
+        finally:
+            self._queue.remove(job)
+        if self._closing:
+            self._lock.release()
+            raise ApiError("the server is shutting down", status=503, kind="server_error", code="shutting_down")
+        try:
+            future = job.loop.run_in_executor(self._executor, self._generate, job)
+        except BaseException:
+            self._lock.release()
+            raise
+        future.add_done_callback(lambda _: self._lock.release())
+
+    async def _events(self, job: Job, reply: Reply, include_usage: bool):
+        """Server-sent events: chunks, the finishing chunk, usage if asked for, [DONE]."""
+        if reply.chat:
+            yield sse(reply.chunk(first=True, include_usage=include_usage))
+        while True:
+            kind, value = await job.queue.get()
+            if kind == "text":
+                yield sse(reply.chunk(value, include_usage=include_usage))
+            elif kind == "error" or value["finish"] == "cancelled":
+                error = value if kind == "error" else ApiError("the server is shutting down", 503, kind="server_error")
+                yield sse(error.body())
+                break
+            else:
+                yield sse(reply.chunk(finish=value["finish"], include_usage=include_usage))
+                if include_usage:
+                    yield sse(reply.usage_chunk(value))
+                break
+        yield b"data: [DONE]\n\n"
+
+    # ---- the worker thread ----------------------------------------------------------------------
+    def _generate(self, job: Job) -> None:
+        """Run one generation (worker thread); every way it ends is emitted as "done" or "error"."""
+        if job.cancel.is_set():   # the client left while it waited
+            self.metrics.cancelled()
+            job.emit("done", {"finish": "cancelled"})
+            return
+        try:
+            self._current = job
+            self._run(job)
+        except Exception as e:
+            job.emit("error", ApiError(f"generation failed: {e}", status=500, kind="server_error",
+                                       code="generation_failed"))
+        finally:
+            self._current = None
+
+    def _run(self, job: Job) -> None:
+        session, target = self.session, self.session.target
+        drafter = session.make_drafter()
+        controller = self._controller(job.sampling.temperature, drafter)
+        if not self.prefix_share:
+            # Nothing of another client's prompt may shorten this prefill or show in cached_tokens.
+            for model in (target, session.draft):
+                if model is not None:
+                    model.truncate(0)
+        cached = common_prefix(target.tokens, job.prompt[:-1])
+        for model in (target, session.draft):
+            if model is not None:
+                model.abort_when = job.cancel  # a client gone mid-prefill stops it, not just the next step
+        stats, finish, prefill = RunStats(), None, None
+        start = time.perf_counter()
+        stream = stream_text(target, drafter, job.prompt, job.sampling, job.decode, controller,
+                             np.random.default_rng(job.sampling.seed))
+        try:
+            for chunk in stream:
+                step = chunk.step
+                if prefill is None:
+                    prefill = time.perf_counter() - start - step.t_draft - step.t_verify - step.t_python
+                stats.add(step)
+                if chunk.text:
+                    job.emit("text", chunk.text)
+                if step.finish is not None:
+                    finish = step.finish
+                elif job.cancel.is_set():
+                    finish = "cancelled"
+                    break
+        except Cancelled:   # stopped inside a long prefill
+            finish = "cancelled"
+        finally:
+            stream.close()   # rewinds the caches to the accepted text before anything else runs
+            self.metrics.generated(stats, finish)
+            self._maybe_save()
+        job.result = {**stats.summary(), "finish": finish, "n_prompt": len(job.prompt), "n_cached": cached,
+                      "prefill_seconds": prefill, "drafter": session.drafter_kind, "seed": job.sampling.seed}
+        job.emit("done", job.result)
+
+    def _controller(self, temperature: float, drafter) -> KController:
+        band = warmstart.band(temperature)
+        if band not in self._controllers:
+            k = self.defaults.k
+            c = self._controllers[band] = KController(
+                max(12, k or 0), fixed_k=k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
+            if self.warm_start and drafter is not None:
+                warmstart.load_into(c, self.session, drafter.name, temperature)
+        return self._controllers[band]
+
+    def _maybe_save(self, force: bool = False) -> None:
+        self._since_save += 1
+        if not (force or self._since_save >= SAVE_EVERY) or not self.warm_start:
+            return
+        self._since_save = 0
+        if self.session.drafter_kind == "none":
+            return
+        for band, controller in self._controllers.items():
+            warmstart.save(controller, self.session, self.session.drafter_kind, 0.0 if band == "greedy" else 1.0)
+
+    # ---- ending ---------------------------------------------------------------------------------
+    def stop_generation(self) -> None:
+        """Shutdown has begun: refuse new requests, stop the running generation within a step."""
+        self._closing = True
+        job = self._current
+        if job is not None:
+            job.cancel.set()
+
+    def close(self) -> None:
+        """Wait for the worker, then save what the controllers learned (the session is the caller's)."""
+        self.stop_generation()
+        self._tokenizer.shutdown(wait=True)
+        self._executor.shutdown(wait=True)
+        if self._since_save:
+            self._maybe_save(force=True)
+        if self.log is not None and not self._closed:
+            n = self.answered
+            self.log(f"localspec: stopped after {n} request{'' if n == 1 else 's'}")
+        self._closed = True
+
+    def _log_answer(self, line: str) -> None:
+        self.answered += 1
+        self.log(line)
+
