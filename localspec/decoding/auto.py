@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from .controller import ALPHA_PRIOR, KController
-from .drafters import LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup, best_lookup, catchup_seconds, lookup_expectation
+from .drafters import LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup, best_lookup, lookup_expectation, split_draft_time
 from localspec.tokens import common_prefix
 
 
@@ -177,10 +177,12 @@ class AutoDrafter:
             self._unused = self._offered
         if draft is None or n == 0:
             return
-        catchup = catchup_seconds(controller, draft)
+        drafting, catchup = split_draft_time(controller, draft, t_draft)
         m = draft.n_lookup
         for record in self._records(controller):
             if m:
                 record.lookup.observe(draft.classes, min(n_accepted, m))
             if n > m and n_accepted >= m:   # the model's tokens were reached: they were tested
-                record.observe_draft(n - m, n_accepted - m, t_draft - catchup, catchup if m == 0 else 0.0)
+                # after a lookup prefix the catch-up is mostly reading it, which `choose` prices per
+                # plan: only a model-only draft's catch-up is a resume after plain steps
+                record.observe_draft(n - m, n_accepted - m, drafting, catchup if m == 0 else 0.0)

@@ -79,22 +79,23 @@ class _Single:
 
     def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
         n = len(draft.tokens) if draft else 0
-        catchup = catchup_seconds(controller, draft)
-        controller.observe(k, n, n_accepted, t_draft - catchup, t_verify, catchup)
+        drafting, catchup = split_draft_time(controller, draft, t_draft)
+        controller.observe(k, n, n_accepted, drafting, t_verify, catchup)
 
 
-def catchup_seconds(controller, draft: Draft | None) -> float:
-    """Of a draft's time, what its first decode spent reading more than the usual one or two
-    tokens (text the model missed: plain or lookup steps, a lookup prefix). Learns the first
-    decode's cost line on the way. The rest is drafting proper, so every timing of k drafted
-    tokens measures the same thing (a usual first decode + k - 1 single ones), however far behind
-    the model was; leaving the catch-up in would make drafting look dearer (a two-point line once
-    priced a token at 14 ms where it costs 9, and the model was dropped), taking the whole first
-    decode out would make it look cheaper."""
-    if draft is None or not draft.n_first:
-        return 0.0
-    controller.first_decode.observe(draft.n_first, draft.t_first)
-    return min(controller.first_decode.extra(draft.n_first), draft.t_first)
+def split_draft_time(controller, draft: Draft | None, t_draft: float) -> tuple[float, float]:
+    """(drafting proper, catch-up) seconds of a draft that took t_draft. The catch-up is what its
+    first decode spent reading more than the usual one or two tokens (text the model missed: plain
+    or lookup steps, a lookup prefix); the first decode's cost line is learned on the way. Split so,
+    every timing of k drafted tokens measures the same thing (a usual first decode + k - 1 single
+    ones), however far behind the model was; leaving the catch-up in would make drafting look
+    dearer (a two-point line once priced a token at 14 ms where it costs 9, and the model was
+    dropped), taking the whole first decode out would make it look cheaper."""
+    catchup = 0.0
+    if draft is not None and draft.n_first:
+        controller.first_decode.observe(draft.n_first, draft.t_first)
+        catchup = min(controller.first_decode.extra(draft.n_first), draft.t_first)
+    return t_draft - catchup, catchup
 
 
 class ModelDrafter(_Single):

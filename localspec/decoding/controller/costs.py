@@ -1,0 +1,184 @@
+"""The target's verify cost by batch size (`VerifyCost`), the rules every cost EWMA and line fit
+here shares, and how a warm start's recorded costs give way to today's timings (`replace_recorded`).
+The draft model's costs, built on the same rules, are in `draft_costs`.
+
+On a CPU t_verify(b) grows with b, on a GPU it is nearly flat; both drift as the context grows and
+as other work takes the cores, so every cost is learned online from the decoder's timings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COST_WEIGHT = 0.25         # of a new timing in a cost EWMA: larger follows a drifting machine sooner,
+                           # smaller is steadier against one noisy timing
+COST_CLIP = 2.0            # one timing moves an estimate by at most this factor: smaller shrugs off
+                           # GC pauses and busy moments, larger follows a real jump at once
+COST_STALE = 32            # a batch size unmeasured for this many steps: its new timing counts half
+                           # (the context grew meanwhile); smaller re-weighs sizes more often
+FIT_COUNT_CAP = 16         # in a line fit a size timed more often weighs no more: larger trusts the
+                           # usual sizes more, smaller keeps rarely timed sizes in the fit
+VERIFY_PRIOR_SLOPE = 0.1   # t_verify(b) ~ 1 + 0.1 (b - 1) until two batch sizes are measured:
+                           # larger makes long drafts look dearer before they are timed
+VERIFY_FLOOR = 0.5         # no batch is predicted to verify in less than this share of the cheapest
+                           # timing: lower lets a steep fitted line reach nearer zero
+WARM_TRUST = 64            # steps a warm start's verify costs are believed without being re-timed:
+                           # longer leans on the record, shorter drops a busy-machine record sooner
+
+
+def ewma(old: float | None, new: float, weight: float) -> float:
+    if old is None:
+        return new
+    new = min(max(new, old / COST_CLIP), old * COST_CLIP)
+    return (1.0 - weight) * old + weight * new
+
+
+def fit_weights(counts) -> np.ndarray:
+    """A timing's weight in a line fit: grows with how often it was taken, up to FIT_COUNT_CAP."""
+    return np.sqrt(np.minimum(counts, FIT_COUNT_CAP))
+
+
+def fit_line(xs: np.ndarray, ys: np.ndarray, counts) -> tuple[float, float]:
+    """(base, slope) of the weighted least-squares line; never a negative slope: more tokens
+    never cost less."""
+    slope, base = np.polyfit(xs, ys, 1, w=fit_weights(counts))
+    return float(base), max(float(slope), 0.0)
+
+
+class VerifyCost:
+    """Seconds of one target decode of b tokens: EWMAs per batch size, a fitted line across them.
+
+    The first timing of a size is often cold (seen: +10..40%): a faster second replaces it. Costs
+    drift as the context grows, most for a size timed long ago (t_verify(1) while speculating),
+    so a stale size's new timing counts half. With three batched sizes a line a + c·b is fitted;
+    before that VERIFY_PRIOR_SLOPE shapes it. A warm start's costs take their level from each first
+    timing here (`replace_recorded`); those never re-timed are forgotten after WARM_TRUST steps."""
+
+    def __init__(self, k_max: int) -> None:
+        self.k_max = k_max
+        self.by_size: dict[int, float] = {}        # batch size b -> EWMA seconds
+        self.recorded: set[int] = set()            # sizes known only from a warm start
+        self._level_from: int | None = None        # the size whose first timing set their level
+        self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
+        self._curve: np.ndarray | None = None      # cost(1..k_max+1), refitted lazily
+        self.steps = 0                             # target passes reported, timed or not
+
+    def timed_here(self, b: int) -> bool:
+        return b in self.by_size and b not in self.recorded
+
+    def observe(self, b: int, seconds: float) -> float | None:
+        """Record one target pass over b tokens. Returns the factor by which it moved the level of
+        a warm start's record (the recorded draft cost follows it), None when it did not."""
+        self.steps += 1
+        if self.steps == WARM_TRUST and self.recorded - {1}:
+            self._forget_unconfirmed()
+        if not (np.isfinite(seconds) and seconds > 0):
+            return None
+        ratio = None
+        last, n = self._timed.get(b, (self.steps, 0))
+        if b in self.recorded:
+            ratio = replace_recorded(self.by_size, b, seconds, self.recorded - {b})
+            self._level_from, n = b, 0
+        elif n == 1 and seconds < self.by_size[b]:
+            if b == self._level_from:   # a cold first timing had set the record's level
+                ratio = seconds / self.by_size[b]
+                for other in self.recorded:
+                    self.by_size[other] *= ratio
+            self.by_size[b] = seconds
+        else:
+            weight = 0.5 if self.steps - last >= COST_STALE else COST_WEIGHT
+            self.by_size[b] = ewma(self.by_size.get(b), seconds, weight)
+        self._timed[b] = (self.steps, n + 1)
+        self.recorded.discard(b)
+        self._curve = None
+        return ratio
+
+    def _forget_unconfirmed(self) -> None:
+        """Drop the recorded batch sizes no step has re-timed. A record written while the machine
+        was busy can price every batch too high; believed for ever, it keeps the controller plain,
+        so those sizes are never timed again (prompt lookup has no probes, and the model's become
+        hopeless-rare): a bench stayed 100% plain that way. Forgotten, the curve rests on what was
+        measured here, with the prior's mild slope beyond it, and drafting gets tried."""
+        for b in self.recorded - {1}:
+            del self.by_size[b]
+        self.recorded &= {1}
+        self._curve = None
+
+    def warm_start(self, by_size: dict[int, float]) -> None:
+        """Recorded costs (already checked usable), believed until timed here."""
+        for b, t in by_size.items():
+            self.by_size[b] = t
+            self.recorded.add(b)
+        self._curve = None
+
+    def curve(self, top: int) -> np.ndarray:
+        """Predicted seconds to verify b = 1..top tokens (needs one timing)."""
+        return self.fitted()[:top] if top <= self.k_max + 1 else self._fit_curve(top)
+
+    def fitted(self) -> np.ndarray:
+        if self._curve is None:
+            self._curve = self._fit_curve(self.k_max + 1)
+        return self._curve
+
+    def _fit_curve(self, top: int) -> np.ndarray:
+        """t_verify(1..top): a fitted line for batches once three sizes are timed; before that
+        exact at measured sizes, linear between, a linear fit beyond."""
+        sizes = sorted(self.by_size)
+        if sum(1 for x in sizes if x >= 2 and x not in self.recorded) >= 3:
+            # Enough measured here: a warm start's other sizes may come from a machine state that
+            # has changed, and the line fit would keep them forever (large sizes are seldom tried).
+            sizes = [x for x in sizes if x == 1 or x not in self.recorded]
+        bs = np.array(sizes, dtype=float)
+        ts = np.array([self.by_size[int(x)] for x in bs])
+        # Every decode reads all the weights whatever its size, so no batch costs much less than
+        # the cheapest one timed; a line fitted to steep costs (a CPU's) extrapolates below zero
+        # at b = 1 when that size is unmeasured, and a cost <= 0 would make tokens/s infinite or
+        # negative. The floor (also the sparse branch's bound below its smallest size) keeps every
+        # prediction positive and finite.
+        return np.maximum(self._curve_through(bs, ts, top), VERIFY_FLOOR * ts.min())
+
+    def _curve_through(self, bs: np.ndarray, ts: np.ndarray, top: int) -> np.ndarray:
+        b = np.arange(1, top + 1)
+        if len(bs) == 1:  # the prior shape 1 + 0.1 (b - 1), through the one measured point
+            slope = VERIFY_PRIOR_SLOPE
+            return ts[0] * (1 + slope * (b - 1)) / (1 + slope * (bs[0] - 1))
+        batched = bs >= 2
+        if batched.sum() >= 3:
+            # Per-size averages are noisy (one busy moment skews a size for many steps) and a
+            # noisy curve makes the argmax over k jump. A batch of b > 1 tokens costs about
+            # a + c·b on CPUs and GPUs alike (c ≈ 0 on a GPU), so fit that line, weighting sizes
+            # by how often they were timed; a single token runs other kernels and keeps its own.
+            counts = [self._timed.get(int(x), (0, 1))[1] for x in bs[batched]]
+            base, slope = fit_line(bs[batched], ts[batched], counts)
+            if slope == 0.0:
+                base = float(np.average(ts[batched], weights=fit_weights(counts)))
+            line = base + slope * b
+            first = ts[0] if bs[0] == 1 else min(line[0], line[1])
+            return np.where(b == 1, first, np.maximum(line, first))
+        # Never a negative slope beyond the data: more tokens never cost less.
+        slope = max(float(np.polyfit(bs, ts, 1)[0]), 0.0)
+        curve = np.where(b > bs[-1], ts[-1] + slope * (b - bs[-1]), np.interp(b, bs, ts))
+        return np.where(b < bs[0], np.maximum(ts[0] - slope * (bs[0] - b), VERIFY_FLOOR * ts[0]), curve)
+
+
+def replace_recorded(costs: dict[int, float], key: int, timed: float, others: set[int]) -> float:
+    """A warm start's cost gives way to the first timing made here, and the machine's speed now
+    (it drifts between runs) rescales the recorded costs not timed yet: the record keeps its
+    shape, this run sets its level. Returns the factor applied.
+
+    The factor is not bounded. A record written while other work held the cores can be 10× or 50×
+    too slow (seen: verify 910 ms against 17 ms today); a bounded factor (it was [0.5, 2]) left
+    the sizes not re-timed yet 5× too dear, the controller plain, and those sizes unvisited until
+    WARM_TRUST forgot them. The trade: one outlying first timing (a cold cache, a pause) moves the
+    whole record by as much. That leaves the choice of k alone while every cost is the record's
+    (tokens per second are compared, and a common factor cancels); the faster second timing that
+    replaces a cold first one moves the record back with it (VerifyCost.observe); and each other
+    size's first timing sets the level again. What stays is a spiked t_verify(1) beside re-timed
+    drafting sizes until the next plain step (REFRESH_PLAIN steps at most): the same as after a
+    cold start's first timing."""
+    old = costs[key]
+    ratio = timed / old if old > 0 else 1.0
+    for other in others:
+        costs[other] *= ratio
+    costs[key] = timed
+    return ratio

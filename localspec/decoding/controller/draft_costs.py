@@ -1,0 +1,133 @@
+"""The draft model's costs: drafting n tokens (`DraftCost`) and its first decode by how many tokens
+it reads (`BatchCost`), learned with the rules of `costs`.
+
+After plain or prompt-lookup steps the draft model is behind the text, and its next proposal must
+first read what it missed: on a GPU about one decode whatever the count, on a CPU more with each
+token. `BatchCost` learns that line a + c·n, so that choosing the draft model after lookup steps is
+charged what catching up costs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .costs import COST_CLIP, COST_WEIGHT, ewma, fit_line, fit_weights, replace_recorded
+
+FIRST_DECODE_PRIOR_SLOPE = 0.1  # per extra token read, as a share of a one-token decode, until two
+                                # sizes are timed: larger prices a catch-up dearer before it is timed
+FIRST_DECODE_MAX = 512     # longer first decodes (a prompt's prefill) are not learned from: larger
+                           # lets rare long reads pull the line fitted to catch-ups
+
+
+class DraftCost:
+    """Seconds of drafting n tokens with the draft model (EWMAs per length, a line base + slope·n
+    once two lengths are timed), and of its catch-up on text it missed during plain steps."""
+
+    def __init__(self) -> None:
+        self.per_token: float | None = None     # seconds per drafted token (EWMA)
+        self.recorded = False                   # per_token and by_n are a warm start's, not timed here
+        self.by_n: dict[int, float] = {}        # n drafted -> EWMA seconds of that drafting
+        self._count: dict[int, int] = {}        # n -> how often timed here
+        self._line: np.ndarray | None = None    # (base, slope), refitted lazily
+        self.resume: float | None = None        # seconds a drafter paid to catch up after plain steps
+
+    def observe(self, n: int, seconds: float, resume: float = 0.0) -> None:
+        if np.isfinite(resume) and resume > 0:
+            self.resume = ewma(self.resume, resume, COST_WEIGHT)
+        if not (np.isfinite(seconds) and seconds >= 0):
+            return
+        if self.recorded:
+            self.by_n.setdefault(n, self.per_token * n)
+            replace_recorded(self.by_n, n, seconds, set(self.by_n) - {n})
+            self.per_token, self.recorded = seconds / n, False
+        else:
+            self.per_token = ewma(self.per_token, seconds / n, COST_WEIGHT)
+            self.by_n[n] = ewma(self.by_n.get(n), seconds, COST_WEIGHT)
+        self._count[n] = self._count.get(n, 0) + 1
+        self._line = None
+
+    def rescale(self, ratio: float) -> None:
+        """Today's speed (from a verify timing) sets the level of a recorded, untimed draft cost."""
+        if self.recorded:
+            self.per_token *= ratio
+            self.by_n = {n: t * ratio for n, t in self.by_n.items()}
+            self._line = None
+
+    def warm_start(self, per_token: float, by_n: dict[int, float]) -> None:
+        """Recorded costs (already checked usable), believed until drafting is timed here."""
+        self.per_token, self.recorded = per_token, True
+        self.by_n = dict(by_n)
+        self._line = None
+
+    def seconds(self, k_top: int) -> np.ndarray:
+        """Seconds of drafting k = 0..k_top tokens (needs one timing): base + slope·k for k >= 1.
+
+        A drafting step has a fixed part: a draft whose tokens were all accepted must first read
+        its last token and the target's bonus token, two rows in one decode, which on a CPU costs
+        about two single-token decodes. Priced per token, that part would make long drafts look
+        dearer than they are. Once two draft lengths are timed a line is fitted (weighted like
+        the verify curve), its base held between 0 and two tokens' worth."""
+        ks = np.arange(k_top + 1, dtype=float)
+        if len(self.by_n) < 2:
+            return ks * self.per_token
+        if self._line is None:
+            ns = np.array(sorted(self.by_n), dtype=float)
+            ts = np.array([self.by_n[int(n)] for n in ns])
+            counts = [self._count.get(int(n), 1) for n in ns]
+            base, slope = fit_line(ns, ts, counts)
+            if slope == 0.0:
+                slope, base = float(np.average(ts / ns, weights=fit_weights(counts))), 0.0
+            base = min(max(float(base), 0.0), 2 * slope)
+            self._line = np.array([base, slope])
+        base, slope = self._line
+        out = base + slope * ks
+        out[0] = 0.0
+        return out
+
+
+class BatchCost:
+    """The draft model's first decode of a draft, by tokens read: the price of its catch-up."""
+
+    def __init__(self) -> None:
+        self._by_n: dict[int, float] = {}
+        self._count: dict[int, int] = {}
+        self._line: tuple[float, float] | None = None
+
+    def observe(self, n: int, seconds: float) -> None:
+        if not (1 <= n <= FIRST_DECODE_MAX and np.isfinite(seconds) and seconds > 0):
+            return
+        old = self._by_n.get(n)
+        # Clipped from above only: a faster timing is the machine's speed, a slower may be a pause.
+        self._by_n[n] = seconds if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * min(seconds, COST_CLIP * old)
+        self._count[n] = self._count.get(n, 0) + 1
+        self._line = None
+
+    def predict(self, n: int) -> float | None:
+        """Seconds for a decode of n tokens; None before any timing."""
+        if not self._by_n:
+            return None
+        if self._line is None:
+            ns = np.array(sorted(self._by_n), dtype=float)
+            ts = np.array([self._by_n[int(x)] for x in ns])
+            if len(ns) == 1:
+                base = ts[0] / (1 + FIRST_DECODE_PRIOR_SLOPE * (ns[0] - 1))
+                self._line = (base * (1 - FIRST_DECODE_PRIOR_SLOPE), base * FIRST_DECODE_PRIOR_SLOPE)
+            else:
+                w = fit_weights([self._count[int(x)] for x in ns])
+                slope, base = np.polyfit(ns, ts, 1, w=w)
+                slope = max(float(slope), 0.0)
+                base = max(float(base), 0.0) if slope > 0 else float(np.average(ts, weights=w))
+                self._line = (base, slope)
+        base, slope = self._line
+        return base + slope * n
+
+    def extra(self, n, usual: int = 2):
+        """What reading n tokens (an int or an array of them) costs beyond the usual in-step first
+        decode (≈ `usual` tokens): the line's slope times the tokens past `usual`."""
+        if self.predict(usual) is None:
+            return np.zeros(np.shape(n)) if np.ndim(n) else 0.0
+        extra = self._line[1] * np.maximum(np.asarray(n, dtype=float) - usual, 0.0)
+        return extra if np.ndim(n) else float(extra)
+
+    def snapshot(self) -> dict:
+        return {str(n): t for n, t in sorted(self._by_n.items())}

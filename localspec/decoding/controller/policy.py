@@ -1,0 +1,266 @@
+"""Adaptive draft length: pick the k that maximises expected tokens per second.
+
+The model. A step drafts k tokens (t_draft(k) = base + k * slope seconds) and verifies them in one
+target decode of b = k + 1 tokens (t_verify(b)), yielding E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j
+tokens for per-position acceptance rates a_j. k = 0 is plain decoding. Rates and costs are learned
+online from the decoder's reports: on a CPU t_verify grows with b, on a GPU it is nearly flat, and
+acceptance changes with the text.
+
+How `choose` decides, in order (the constants below and in `probes` set each step):
+1. A fixed -k is obeyed. Nothing to draft (a lookup without a match, the end of the budget): plain.
+2. Start-up. The first two drafting steps use START_K, to time the draft and a verify size (twice,
+   since a first timing is often cold); then one plain step times t_verify(1). A warm start
+   (`warm_start`) skips the drafting part but still times one plain step first.
+3. A plain step every REFRESH_PLAIN speculating steps keeps t_verify(1) current.
+4. Otherwise k = argmax E(k) / (t_draft(k) + t_verify(k + 1)), ties to the smaller k. While
+   speculating, every EXPLORE_EVERY steps the neighbours k - 1 and k + 1 are tried, so one noisy
+   timing cannot keep a better k unvisited.
+5. When plain wins, it is held for up to HOLD_PLAIN steps (deciding costs ~0.1 ms). Now and then it
+   probes with k = PROBE_K..START_K (`probes`): spaced so that the expected loss stays near
+   PROBE_OVERHEAD of plain throughput, judged with PROBE_OPTIMISM standard errors while acceptance
+   rests on few trials, plus a spacing that keeps a draft model's catch-up (a resume) near
+   RESUME_OVERHEAD, waived when the drafter is in step with the text. A pair where even full
+   acceptance stays below HOPELESS of plain speed is probed only every HOPELESS_EVERY steps.
+`observe` hands each timing and count to the parts that learn from it (`costs`, `draft_costs`,
+`alpha`; the package docstring lists them) and keeps the counters the rules above read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..lookup import LookupRates
+from .alpha import Acceptance
+from .costs import VerifyCost
+from .draft_costs import BatchCost, DraftCost
+from .probes import PROBE_OPTIMISM, Probes
+
+START_K = 4                # the first two steps draft a moderate k to measure t_draft and alpha:
+                           # larger times longer drafts at once, but wastes more on a bad pair
+REFRESH_PLAIN = 64         # re-measure t_verify(1) after this many steps without a plain step:
+                           # smaller follows a growing context sooner, at a plain step's loss
+EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbours' costs fresh:
+                           # smaller recovers sooner from a noisy timing, leaves the best k more
+HOLD_PLAIN = 8             # once plain wins, skip re-deciding for this many steps (fast models:
+                           # deciding costs ~0.1 ms, 1-2% of a plain step); larger reacts later
+
+
+def _usable(t) -> bool:
+    """A record's number that may reach the fits: a damaged record (inf, NaN, a string) must not."""
+    return isinstance(t, (int, float)) and math.isfinite(t) and t >= 0
+
+
+class KController:
+    """Chooses the draft length per step and learns acceptance and cost statistics."""
+
+    def __init__(self, k_max: int = 12, fixed_k: int | None = None, *,
+                 draft_cost_free: bool = False) -> None:
+        if k_max < 0 or (fixed_k is not None and fixed_k < 0):
+            raise ValueError("k_max and fixed_k must be >= 0")
+        self.k_max = max(k_max, fixed_k or 0)   # a fixed k above k_max still gets statistics
+        self.fixed_k = fixed_k
+        self.draft_cost_free = draft_cost_free
+        self.acceptance = Acceptance(self.k_max)
+        self.verify_costs = VerifyCost(self.k_max)
+        self.draft_costs = DraftCost()
+        self._draft_steps = self._spec_steps = 0
+        self._since_plain = 0      # steps since t_verify(1) was last measured
+        self.probes = Probes()
+        self._hold = 0             # plain steps left before plain-vs-speculation is re-decided
+        self.last_k: int | None = None
+        # Learned here, used by prompt lookup and `auto` (see auto.py): acceptance per kind of
+        # lookup match, and the draft model's decode cost by tokens read (its catch-up price).
+        self.lookup = LookupRates()
+        self.first_decode = BatchCost()
+
+    @property
+    def _verify(self) -> dict[int, float]:   # verify seconds by batch size (tests read it)
+        return self.verify_costs.by_size
+
+    # ---- choosing -------------------------------------------------------------------------
+    def choose(self, limit: int | None = None, in_sync: bool = False) -> int:
+        """k for the next step, 0 <= k <= min(k_max, limit). `in_sync`: the drafter has seen the
+        text up to now (a new prompt or turn, just after drafting), so a probe now would not pay
+        for a catch-up."""
+        cap = self.k_max if limit is None else max(0, min(self.k_max, limit))
+        self.probes.probing = False
+        if self.fixed_k is not None:
+            k = min(self.fixed_k, cap)
+        elif cap == 0:
+            k = 0                       # nothing to draft: a plain step, not a decision
+        elif self._draft_steps < 2:     # measure t_draft, alpha and one verify size first;
+            k = min(START_K, cap)       # twice, as a first timing is often cold
+        elif self.plain_due():
+            k = 0                       # plain cost unknown or stale (the context grows, the
+                                        # machine's speed drifts; a warm start's is from then)
+        elif self._hold > 0:
+            self._hold -= 1
+            self.probes.since += 1
+            k = 0
+        else:
+            k = int(np.argmax(self._throughput(cap)))   # ties go to the cheaper k
+            if k == 0:
+                tokens, seconds = self.estimates(cap, optimism=PROBE_OPTIMISM)
+                k = self.probes.choose(tokens, seconds, START_K, self.draft_costs.resume, in_sync)
+                if k == 0:  # never hold past the step where the next probe is due
+                    self._hold = max(0, min(HOLD_PLAIN, self.probes.every - self.probes.since - 1))
+            else:
+                self.probes.since = self.probes.streak = 0
+                self._spec_steps += 1
+                # Neighbours of the optimum are re-measured now and then; a once-noisy timing
+                # would otherwise keep a better k from ever being tried again.
+                if self._spec_steps % EXPLORE_EVERY == 0 and k > 1:
+                    k -= 1
+                elif self._spec_steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 and k < cap:
+                    k += 1
+        self.last_k = k
+        return k
+
+    def plain_due(self) -> bool:
+        """A plain step is needed now to time t_verify(1): never timed here, or stale."""
+        return not self.verify_costs.timed_here(1) or self._since_plain >= REFRESH_PLAIN
+
+    def starting(self) -> bool:
+        """Still in the start-up that times the draft model (rule 2 above)."""
+        return self.fixed_k is None and self._draft_steps < 2
+
+    def estimates(self, k_top: int, optimism: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """(expected tokens, seconds) of one draft-model step for k = 0..k_top, as `choose` sees
+        them; `optimism`: standard errors added to acceptance where it rests on few trials."""
+        rates = self.acceptance.rates(k_top, optimism)
+        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(rates))))
+        return tokens, self._draft_seconds(k_top) + self.verify_costs.fitted()[:k_top + 1]
+
+    def _draft_seconds(self, k_top: int) -> np.ndarray:
+        if self.draft_costs.per_token is None:  # nothing timed: lookup is ~free, a model is guessed
+            guess = 0.0 if self.draft_cost_free else self.verify_costs.fitted()[0]   # at a plain step
+            return np.arange(k_top + 1, dtype=float) * guess
+        return self.draft_costs.seconds(k_top)
+
+    def _throughput(self, k_top: int) -> np.ndarray:
+        """Estimated tokens per second for k = 0..k_top."""
+        tokens, seconds = self.estimates(k_top)
+        return tokens / seconds
+
+    # ---- learning -------------------------------------------------------------------------
+    def observe(self, k: int, n_drafted: int, n_accepted: int, t_draft: float,
+                t_verify: float, t_resume: float = 0.0) -> None:
+        """Record one step; the verify batch size was n_drafted + 1. t_resume: seconds the drafter
+        spent catching up on text it missed during plain steps (not part of t_draft)."""
+        if not 0 <= n_accepted <= n_drafted <= max(k, 0):
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted <= k, got "
+                             f"k={k} n_drafted={n_drafted} n_accepted={n_accepted}")
+        self.observe_verify(n_drafted + 1, t_verify)
+        if n_drafted == 0:
+            return  # a plain step (or a drafter with nothing to offer) says nothing about alpha
+        self.observe_draft(n_drafted, n_accepted, t_draft, t_resume)
+
+    def observe_verify(self, b: int, t_verify: float) -> None:
+        """Record one target pass over b tokens (every step, whoever drafted)."""
+        ratio = self.verify_costs.observe(b, t_verify)
+        if ratio is not None:   # today's speed sets the level of a recorded draft cost too
+            self.draft_costs.rescale(ratio)
+        self._since_plain = 0 if b == 1 else self._since_plain + 1
+
+    def observe_draft(self, n_drafted: int, n_accepted: int, t_draft: float, t_resume: float = 0.0) -> None:
+        """Record what the draft model proposed and what of it was accepted."""
+        self._draft_steps += 1
+        self.draft_costs.observe(n_drafted, t_draft, t_resume)
+        if self.probes.probing:
+            self.probes.learn(np.prod(self.acceptance.rates(n_drafted)), n_accepted == n_drafted)
+        self.acceptance.observe(n_drafted, n_accepted)
+
+    # ---- reading --------------------------------------------------------------------------
+    @property
+    def alpha(self) -> float | None:
+        """EWMA acceptance rate (prior-smoothed), None before any drafted token was verified."""
+        return self.acceptance.alpha
+
+    def acceptance_by_position(self) -> list[float | None]:
+        """EWMA acceptance at positions 1..k_max given the earlier ones were accepted."""
+        return self.acceptance.by_position()
+
+    @property
+    def draft_cost(self) -> float | None:
+        """Seconds per drafted token, None before the first draft."""
+        return self.draft_costs.per_token
+
+    def verify_curve(self, top: int) -> np.ndarray:
+        """Predicted seconds to verify b = 1..top tokens (needs one timing)."""
+        return self.verify_costs.curve(top)
+
+    def verify_cost(self, b: int) -> float | None:
+        """Seconds to verify a batch of b tokens: measured EWMA, interpolated or extrapolated."""
+        if not self.verify_costs.by_size or b < 1:
+            return None
+        return float(self.verify_costs.curve(b)[b - 1])
+
+    def draft_seconds(self, k_top: int) -> np.ndarray:
+        """Predicted seconds of drafting k = 0..k_top tokens with the draft model."""
+        return self._draft_seconds(k_top)
+
+    def expected_speedup(self, k: int) -> float | None:
+        """E(k) * t_verify(1) / (k * t_draft + t_verify(k + 1)), None before any timing."""
+        if not self.verify_costs.by_size or not 0 <= k <= self.k_max:
+            return None
+        thr = self._throughput(k)
+        return float(thr[k] / thr[0])
+
+    # ---- warm start ---------------------------------------------------------------------
+    def learned(self) -> dict:
+        """What a later run on the same pair and machine can start from (`warm_start`)."""
+        return {
+            "verify": {str(b): t for b, t in sorted(self.verify_costs.by_size.items())},
+            "draft_cost": self.draft_costs.per_token,
+            "draft_by_n": {str(n): t for n, t in sorted(self.draft_costs.by_n.items())},
+            "resume_cost": self.draft_costs.resume,
+            "alpha": self.alpha,
+            "by_position": self.acceptance_by_position(),
+            "trials": self.acceptance.trials,
+        }
+
+    def warm_start(self, verify: dict[int, float] | None = None, draft_cost: float | None = None,
+                   resume_cost: float | None = None, alpha: float | None = None,
+                   by_position: list[float | None] | None = None,
+                   draft_by_n: dict[int, float] | None = None) -> None:
+        """Start from what an earlier run measured instead of from nothing: costs until they are
+        timed here (`costs.replace_recorded`), acceptance as a few pseudo-trials. With a draft cost
+        and an alpha the start-up drafting steps are skipped: after one plain step, which times the
+        plain cost now, the controller drafts the k those predict, or stays plain."""
+        self.verify_costs.warm_start({b: t for b, t in (verify or {}).items() if b >= 1 and _usable(t) and t > 0})
+        if _usable(draft_cost):
+            self.draft_costs.warm_start(draft_cost, {n: t for n, t in (draft_by_n or {}).items()
+                                                     if n >= 1 and _usable(t)})
+        if _usable(resume_cost):
+            self.draft_costs.resume = resume_cost
+        if not (_usable(alpha) and alpha <= 1):
+            alpha = None
+        if alpha is not None:
+            self.acceptance.warm_start(alpha, {i: rate for i, rate in enumerate((by_position or [])[: self.k_max])
+                                               if _usable(rate) and rate <= 1})
+        if alpha is not None and (_usable(draft_cost) or self.draft_cost_free) and 1 in self.verify_costs.by_size:
+            self._draft_steps = max(self._draft_steps, 2)
+
+    def snapshot(self) -> dict:
+        """JSON-serialisable summary for logs, the bench and the TUI."""
+        costs = bool(self.verify_costs.by_size)
+        thr = self._throughput(self.k_max) if costs else None
+        return {
+            "mode": "fixed" if self.fixed_k is not None else "adaptive",
+            "k_max": self.k_max,
+            "last_k": self.last_k,
+            "steps": self.verify_costs.steps,
+            "alpha": self.alpha,
+            "acceptance_by_position": self.acceptance_by_position(),
+            "draft_cost": self.draft_costs.per_token,
+            "resume_cost": self.draft_costs.resume,
+            "verify_cost_measured": {str(b): t for b, t in sorted(self.verify_costs.by_size.items())},
+            "verify_cost_curve": self.verify_costs.fitted().tolist() if costs else None,
+            "expected_speedup": (thr / thr[0]).tolist() if costs else None,
+            "best_k": int(np.argmax(thr)) if costs else None,
+            "probe_every": self.probes.every,
+            "lookup_acceptance": self.lookup.snapshot() if self.lookup.trials else None,
+            "draft_decode_cost": self.first_decode.snapshot() or None,
+        }
