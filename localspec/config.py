@@ -57,6 +57,12 @@ class SamplingConfig:
         """True when decoding is deterministic argmax."""
         return self.temperature == 0
 
+    def record(self) -> dict:
+        """The settings as the outputs record them (`generate --json`, a saved chat and its
+        replies); users' tools read these keys, so they stay as they are."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p, "seed": self.seed}
+
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -16,9 +16,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from localspec.chats import conversation
-from localspec.loading import warmstart
+from localspec.loading.controllers import Controllers, k_max_for
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig
-from localspec.decoding.controller import KController
 from localspec.decoding.decoder import Step
 from localspec.tokens import common_prefix
 from localspec.decoding.stats import RunStats
@@ -138,14 +137,13 @@ class Chat:
     """A conversation with one loaded Session. Settings changed while a reply runs apply to the next."""
 
     def __init__(self, session, sampling: SamplingConfig, k: int | None = None,
-                 max_tokens: int | None = None, system: str | None = None, k_max: int = 12,
+                 max_tokens: int | None = None, system: str | None = None, k_max: int | None = None,
                  warm_start: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         self.session = session
         self.clock = clock   # a test's scripted chat gives a fake one, so its numbers are fixed
-        self.warm_start = warm_start
         self.sampling = sampling
         self.k = k
-        self.k_max = max(k_max, k or 0)
+        self.k_max = k_max_for(k, k_max)
         self.max_tokens = max_tokens
         """A cap on each reply; None: a reply runs until the model stops or the context is full."""
         self.system = system
@@ -153,11 +151,9 @@ class Chat:
         self.drafter_kind = session.drafter_kind
         self._spec_kind = self.drafter_kind if self.drafter_kind != "none" else self.kinds[0]
         self._drafters: dict[str, object] = {}
-        # One controller per drafter and temperature band (warmstart.band) for the whole session, as
-        # the server keeps them: learned costs and acceptance persist across turns, a lookup's
-        # statistics never pollute the draft model's, and greedy rates never mix with sampled ones
-        # (each band's record is saved from its own controller).
-        self._controllers: dict[tuple[str, str], KController] = {}
+        # One controller per drafter and temperature band for the whole session, as the server
+        # keeps them: what a turn taught carries over to the next.
+        self._controllers = Controllers(session, k=k, k_max=self.k_max, warm=warm_start)
         self.rng = np.random.default_rng(sampling.seed)
         self.live = LiveStats()
         self.stop = threading.Event()
@@ -241,7 +237,7 @@ class Chat:
         stopped) joins the history: a new assistant message, or the continued one grows."""
         kind, sampling = self.drafter_kind, self.sampling
         drafter = self._drafter(kind)
-        controller = self._controller(kind, drafter, sampling.temperature)
+        controller = self._controllers.get(drafter, sampling.temperature)
         # No cap: the context bounds the reply (the decoder ends it there, finish "context").
         decode = DecodeConfig(max_tokens=self.max_tokens or self.session.target.n_ctx, k=self.k, k_max=self.k_max)
         parts: list[str] = []
@@ -274,8 +270,7 @@ class Chat:
             self.history.append({"role": "assistant", "content": "".join(parts)})
         else:
             self.history[-1]["content"] = turn.base + "".join(parts)
-        if self.warm_start and drafter is not None:   # what this turn taught, for the next session
-            warmstart.save(controller, self.session, kind, sampling.temperature)
+        self._controllers.save(drafter, sampling.temperature)   # what this turn taught, for the next session
         return Reply(finish, run, self.clock() - start, kind, len(turn.prompt), turn.cached, turn.base is not None)
 
     def _stream(self, drafter, prompt, sampling, decode, controller) -> Iterator[Chunk]:
@@ -288,12 +283,3 @@ class Chat:
         if kind not in self._drafters:
             self._drafters[kind] = self.session.make_drafter(kind)
         return self._drafters[kind]
-
-    def _controller(self, kind: str, drafter, temperature: float) -> KController:
-        key = (kind, warmstart.band(temperature))
-        if key not in self._controllers:
-            c = self._controllers[key] = KController(
-                self.k_max, fixed_k=self.k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
-            if self.warm_start and drafter is not None:
-                warmstart.load_into(c, self.session, kind, temperature)
-        return self._controllers[key]

@@ -26,8 +26,7 @@ def settings_of(chat) -> dict:
     return {"target": str(session.target.path),
             "draft": None if session.draft is None else str(session.draft.path),
             "drafter": chat.drafter_kind, "k": "auto" if chat.k is None else chat.k,
-            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "min_p": sampling.min_p, "seed": sampling.seed, "max_tokens": chat.max_tokens}
+            **sampling.record(), "max_tokens": chat.max_tokens}
 
 
 def reply_stats(reply, chat, sampling, k) -> dict:
@@ -43,9 +42,7 @@ def reply_stats(reply, chat, sampling, k) -> dict:
             "seconds": round(reply.seconds, 3), "decode_seconds": round(run.seconds, 3), "finish": reply.finish,
             "n_prompt_tokens": reply.n_prompt, "cached_tokens": reply.cached,
             **({"continued": True} if reply.continued else {}),
-            "k": "auto" if k is None else k, "drafter": reply.drafter,
-            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "min_p": sampling.min_p, "seed": sampling.seed,
+            "k": "auto" if k is None else k, "drafter": reply.drafter, **sampling.record(),
             "target": str(session.target.path),
             "draft": None if session.draft is None else str(session.draft.path)}
 

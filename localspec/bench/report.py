@@ -10,11 +10,9 @@ from importlib import metadata
 
 import numpy as np
 
-from localspec.config import DecodeConfig
 from localspec.decoding.controller import expected_tokens
 from localspec.decoding.stats import RunStats, positions_tested, served
-
-K_MAX = DecodeConfig.k_max  # adaptive variants choose k in 1..K_MAX, as generate does
+from localspec.loading.controllers import k_max_for
 
 
 def version(package: str) -> str | None:
@@ -143,7 +141,7 @@ def group(runs: list, variants: list, members: set[int], greedy: bool) -> dict:
             "drafting_step_fraction": _ratio(st.drafted_at[0] if st.drafted_at else 0, st.n_steps),
             "speedup": _ratio(s["tokens_per_second"], plain["tokens_per_second"]),
             "speedup_median": _median_speedup(of(v), plain_runs),
-            "bound": _bound(of(v), plain_runs, v.k, max(K_MAX, v.k or 0)),
+            "bound": _bound(of(v), plain_runs, v.k, k_max_for(v.k)),
             "greedy_match": _matches(of(v), plain_by, greedy),
             "drafters": st.drafters(),
             "accepted_from": dict(st.accepted_from),

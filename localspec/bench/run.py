@@ -25,8 +25,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.loading import warmstart
-from .report import K_MAX, group, run_json, version
+from localspec.loading import controllers, warmstart
+from .report import group, run_json, version
 from localspec.config import MAX_DRAFT, ConfigError, DecodeConfig, SamplingConfig
 from localspec.decoding.controller import KController
 from localspec.decoding.decoder import Step, generate_steps
@@ -202,8 +202,8 @@ def _run_local(session, v: Variant, prompt: list[int], sampling: SamplingConfig,
                controller: KController | None, i: int = -1, r: int = 0) -> Run:
     target = session.target
     drafter = session.make_drafter(v.drafter) if v.kind == "spec" else None
-    k_max = max(K_MAX, v.k or 0)
-    decode = DecodeConfig(max_tokens=max_tokens, k=v.k if v.kind == "spec" else 0, k_max=k_max)
+    decode = DecodeConfig(max_tokens=max_tokens, k=v.k if v.kind == "spec" else 0,
+                          k_max=controllers.k_max_for(v.k))
     target.reset()
     t0 = time.perf_counter()
     target.sync(prompt[:-1])
@@ -250,15 +250,16 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
     variants = [Variant("plain", "plain")] + spec_variants(session.drafter_kind, opts.ks)
 
     def controller(v: Variant, warmed: dict[str, bool] | None = None) -> KController:
-        name = v.drafter or session.drafter_kind
-        c = KController(max(K_MAX, v.k or 0), fixed_k=v.k, draft_cost_free=name == "lookup")
-        warm = opts.warm_start and warmstart.load_into(c, session, name, opts.sampling.temperature)
+        # The variant's drafter is made anew for each run (`_run_local`); this one only tells
+        # the controller whose it is.
+        drafter = session.make_drafter(v.drafter)
+        c, warm = controllers.make(session, drafter, opts.sampling.temperature, v.k, warm=opts.warm_start)
         if warmed is not None:
             warmed[v.key] = warm
         return c
 
     warmed: dict[str, bool] = {}
-    controllers = {v.key: controller(v, warmed) for v in variants if v.kind == "spec"}
+    by_variant = {v.key: controller(v, warmed) for v in variants if v.kind == "spec"}
     refs: dict[str, object] = {}
     lookup_n = max((k for k in opts.ks if k is not None), default=REFERENCE_LOOKUP)
     try:
@@ -295,7 +296,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
             for i, p in enumerate(prompts):
                 order = variants if (r * len(prompts) + i) % 2 == 0 else variants[::-1]
                 for v in order:
-                    runs.append(one(v, i, r, sampling, p.max_tokens or opts.max_tokens, controllers.get(v.key)))
+                    runs.append(one(v, i, r, sampling, p.max_tokens or opts.max_tokens, by_variant.get(v.key)))
         if progress:
             progress(done, total, "done")
         if opts.warm_start:
@@ -304,7 +305,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
                 name = v.drafter or session.drafter_kind
                 if v.kind == "spec" and v.k is None and warmstart.record_name(name) not in saved:
                     saved.add(warmstart.record_name(name))
-                    warmstart.save(controllers[v.key], session, name, opts.sampling.temperature)
+                    warmstart.save(by_variant[v.key], session, name, opts.sampling.temperature)
     finally:
         for ref in refs.values():
             ref.close()
@@ -316,15 +317,11 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         "config": {
             **session.describe(),
             "chat": chat,
-            "temperature": opts.sampling.temperature,
-            "top_k": opts.sampling.top_k,
-            "top_p": opts.sampling.top_p,
-            "min_p": opts.sampling.min_p,
-            "seed": base_seed,
+            **replace(opts.sampling, seed=base_seed).record(),
             "max_tokens": opts.max_tokens,
             "repeat": opts.repeat,
             "k": ["auto" if k is None else k for k in opts.ks],
-            "k_max": K_MAX,
+            "k_max": controllers.k_max_for(None),   # the adaptive variants'; a fixed k above it raises its own
             "n_ctx": target.n_ctx,
             "threads": target.n_threads,
             "prompts_file": prompts_file,
@@ -343,6 +340,6 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         "categories": {c: group(runs, variants, {i for i, p in enumerate(prompts) if p.category == c},
                                  opts.sampling.greedy) for c in categories},
         "overall": group(runs, variants, set(range(len(prompts))), opts.sampling.greedy),
-        "controllers": {key: c.snapshot() for key, c in controllers.items()},
+        "controllers": {key: c.snapshot() for key, c in by_variant.items()},
         "runs": [run_json(run, prompts) for run in runs],
     }

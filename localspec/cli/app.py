@@ -121,8 +121,7 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
     import time
 
     from localspec import machine
-    from localspec.loading import warmstart
-    from localspec.decoding.controller import KController
+    from localspec.loading import controllers, warmstart
     from localspec.decoding.stats import RunStats
     from localspec.decoding.stream import stream_text
 
@@ -131,9 +130,8 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
     tokens = session.prompt_tokens(text, chat, system, special)
     session.check_fits(tokens)
     drafter = session.make_drafter()
-    controller = KController(decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
     temperature = opts.sampling.temperature
-    warmed = warm and drafter is not None and warmstart.load_into(controller, session, drafter.name, temperature)
+    controller, warmed = controllers.make(session, drafter, temperature, decode.k, decode.k_max, warm)
     stats = RunStats()
     pieces: list[str] = []
     out_tokens: list[int] = []
@@ -159,14 +157,10 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
         "drafter": session.drafter_kind,
         "step_drafters": stats.sources,
         "k": "auto" if decode.k is None else decode.k,
-        "temperature": opts.sampling.temperature,
-        "top_k": opts.sampling.top_k,
-        "top_p": opts.sampling.top_p,
-        "min_p": opts.sampling.min_p,
-        "seed": opts.sampling.seed,
+        **opts.sampling.record(),
         "target": str(target.path),
         "draft": str(session.draft.path) if session.draft else None,
-        "warm_start": bool(warmed),
+        "warm_start": warmed,
         "threads": target.n_threads,
         "thread_choice": session.threads.as_dict() if session.threads else None,
     }

@@ -16,9 +16,10 @@ from localspec.decoding.decoder import generate_steps
 from localspec.decoding.drafters import ModelDrafter, PromptLookup
 from localspec import machine
 from localspec.decoding.stats import positions_tested
+from localspec.loading.controllers import k_max_for
 
 CAL_K = 4             # fixed draft length while measuring acceptance
-K_MAX = DecodeConfig.k_max  # largest k considered for the recommendation, as generate's
+K_MAX = k_max_for(None)   # largest k considered for the recommendation: generate's adaptive bound
 VERIFY_SIZES = (1, 2, 4, 8)
 
 CHAT_PROMPTS = (

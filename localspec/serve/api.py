@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig
+from localspec.loading.controllers import k_max_for
 
 MAX_STOP = 4   # as OpenAI
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -150,7 +151,7 @@ def _decode(body: dict, defaults: Defaults) -> DecodeConfig:
         raise ApiError(f"at most {MAX_STOP} stop strings, got {len(stop)}", param="stop", code="invalid_value")
     try:
         return DecodeConfig(max_tokens=defaults.max_tokens if max_tokens is None else max_tokens,
-                            k=defaults.k, k_max=max(12, defaults.k or 0), stop=tuple(stop))
+                            k=defaults.k, k_max=k_max_for(defaults.k), stop=tuple(stop))
     except ConfigError as e:
         raise ApiError(str(e), param=param, code="invalid_value") from None
 

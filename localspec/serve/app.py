@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from localspec.loading import warmstart
+from localspec.loading.controllers import Controllers
 from localspec.decoding.controller import KController
 from localspec.engine import Cancelled
 from localspec.tokens import common_prefix, prompt_fits
@@ -96,7 +96,7 @@ class Server:
         self._queue: list[Job] = []   # admitted, waiting for the generation slot
         self._current: Job | None = None
         self._closing = False
-        self._controllers: dict[str, KController] = {}
+        self._controllers: Controllers | None = None   # made on first use, with the defaults then in force
         self._since_save = 0
         self._closed = False
         self.answered = 0   # HTTP answers, for the line at shutdown
@@ -327,24 +327,17 @@ class Server:
         job.emit("done", job.result)
 
     def _controller(self, temperature: float, drafter) -> KController:
-        band = warmstart.band(temperature)
-        if band not in self._controllers:
-            k = self.defaults.k
-            c = self._controllers[band] = KController(
-                max(12, k or 0), fixed_k=k, draft_cost_free=bool(drafter and drafter.draft_cost_free))
-            if self.warm_start and drafter is not None:
-                warmstart.load_into(c, self.session, drafter.name, temperature)
-        return self._controllers[band]
+        if not self._controllers:   # none yet, or dropped (as a test does to change -k): from the defaults now
+            self._controllers = Controllers(self.session, k=self.defaults.k, warm=self.warm_start)
+        return self._controllers.get(drafter, temperature)
 
     def _maybe_save(self, force: bool = False) -> None:
         self._since_save += 1
         if not (force or self._since_save >= SAVE_EVERY) or not self.warm_start:
             return
         self._since_save = 0
-        if self.session.drafter_kind == "none":
-            return
-        for band, controller in self._controllers.items():
-            warmstart.save(controller, self.session, self.session.drafter_kind, 0.0 if band == "greedy" else 1.0)
+        if self._controllers:
+            self._controllers.save_all()
 
     # ---- ending ---------------------------------------------------------------------------------
     def stop_generation(self) -> None:
