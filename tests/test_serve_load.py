@@ -1,5 +1,5 @@
 """The serve load test, small enough for CI: `python -m localspec.serve.loadtest` against a real server
-on loopback (the full run, 32 clients then 500 requests, is in README)."""
+on loopback (the full run, 32 clients then 500 requests, is in docs/performance.md)."""
 
 from __future__ import annotations
 
