@@ -78,6 +78,14 @@ class ModelConfig:
     """Layers offloaded to the GPU; -1 means all (ignored by CPU-only builds)."""
     n_batch: int = 512
     """Largest number of tokens handed to one llama_decode call (prefill is chunked by it)."""
+    n_seq: int = 1
+    """Sequences the KV cache holds (the branches of a draft tree, concurrent requests). Above 1
+    the cache is unified: its n_ctx cells are shared by all sequences, and a cell common to
+    several (a shared prefix) is stored once."""
+
+    def __post_init__(self) -> None:
+        if self.n_seq < 1:
+            raise ConfigError(f"n_seq must be >= 1, got {self.n_seq}")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The only package that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
 
-A `Model` is one GGUF with one context and one sequence. It remembers which tokens its KV cache
-holds, so callers move it by saying what the cache should contain (`sync`, `truncate`) and by
-appending blocks (`eval`), each block in one batched `llama_decode` that returns logits only for
-the rows asked for. `backend` holds llama.cpp's process-wide side (log, start-up, devices).
+A `Model` is one GGUF with one context, holding sequence 0 and, with `ModelConfig.n_seq` > 1,
+others (`batch`: draft trees, concurrent sequences). It remembers which tokens its KV cache holds,
+so callers move it by saying what the cache should contain (`sync`, `truncate`) and by appending
+blocks (`eval`), each block in one batched `llama_decode` that returns logits only for the rows
+asked for. `backend` holds llama.cpp's process-wide side (log, start-up, devices).
 
 The engine is the bottom layer: it may import only `localspec.config`, `localspec.machine` and
 `localspec.tokens`, and it must never import the algorithm, the loading layer, a command or the
@@ -25,6 +26,7 @@ from localspec.config import ModelConfig
 from localspec.machine import default_threads  # noqa: F401 - the rule lives in machine; quantize takes it from here
 from localspec.tokens import common_prefix
 from . import chat, interrupt
+from .batch import Batch, Sequences
 from .backend import (_init_backend, _load_progress, _recent_log, backend_devices, gpu_offload_supported,  # noqa: F401
                       library_version, system_info)
 from .files import EngineError, check_gguf, load_failure
@@ -40,13 +42,16 @@ class Cancelled(EngineError):
     was requested (on the main thread that ends as KeyboardInterrupt)."""
 
 
-class Model:
-    """One loaded GGUF, its context and its KV cache (sequence 0)."""
+class Model(Sequences):
+    """One loaded GGUF, its context and its KV cache (sequence 0, and more with n_seq > 1)."""
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
         self.path = check_gguf(cfg.path)
         self.name = self.path.name
+        self.n_seq = cfg.n_seq
+        if not 1 <= self.n_seq <= C.llama_max_parallel_sequences():
+            raise EngineError(f"n_seq must be between 1 and {C.llama_max_parallel_sequences()}, got {self.n_seq}")
         _init_backend()
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6
@@ -68,7 +73,9 @@ class Model:
         cparams.n_ctx = cfg.n_ctx
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = self.n_seq
+        # Only a unified cache lets one batch row belong to several sequences (see batch).
+        cparams.kv_unified = self.n_seq > 1
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         self._ctx = None
@@ -92,17 +99,15 @@ class Model:
         self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
         self._mem = C.llama_get_memory(self._ctx)
         self.recurrent = bool(C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model))
-        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
-        b = self._batch
-        # numpy views over the C arrays: filling a batch is a few slice assignments, no per-token loop.
-        self._tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
-        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
-        self._out = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
-        self._nseq[:] = 1
-        for i in range(self.n_batch):  # once: every token belongs to sequence 0
-            b.seq_id[i][0] = 0
-        self.tokens: list[int] = []
+        # numpy arrays under the C batch: filling it is a few slice assignments, no per-token loop.
+        # `eval` fills tokens, positions and outputs; its rows belong to sequence 0 (the default).
+        self._rows = Batch(self.n_batch, self.n_seq)
+        self._batch = self._rows.c
+        self._tok, self._pos, self._out = self._rows.tok, self._rows.pos, self._rows.out
+        self.seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
+        """The tokens each sequence's cache holds, position by position."""
+        self.tokens: list[int] = self.seqs[0]
+        self._tree = None  # the last eval_tree's nodes, until keep_path
         self._pieces: dict[int, bytes] = {}
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.bos = C.llama_vocab_bos(self._vocab)
@@ -115,7 +120,7 @@ class Model:
         self._abort = C.ggml_abort_callback(
             lambda _: interrupt.requested() or (self.abort_when is not None and self.abort_when.is_set()))
         self._long = True
-        self._check_aborts(long=False)
+        self._check_aborts(0)
 
     # -- cache ---------------------------------------------------------------------------------
 
@@ -145,10 +150,12 @@ class Model:
         last = max(n - self.n_batch, 0)
         edges = [0, *range(last, 0, -self.n_batch)[::-1], n]
         with interrupt.deferred():
-            self._check_aborts(n > _LONG_EVAL)
+            self._check_aborts(n)
             self._decode(arr, edges, start_out, base)
-        if rows == 0:
-            return None
+        return self._logit_rows(rows) if rows else None
+
+    def _logit_rows(self, rows: int) -> np.ndarray:
+        """The last decode's `rows` logit rows, as a view into llama.cpp's buffer."""
         ptr = C.llama_get_logits(self._ctx)
         # A numpy view costs ~10 µs to make; llama.cpp keeps its buffer until it must grow it.
         key = (ctypes.cast(ptr, ctypes.c_void_p).value, rows)
@@ -174,29 +181,39 @@ class Model:
             rc = C.llama_decode(self._ctx, self._batch)
             if rc != 0:
                 self.truncate(base + lo)  # drop whatever part of the block may have landed
-                if interrupt.requested() or (self.abort_when is not None and self.abort_when.is_set()):
-                    # on the main thread, the deferred section turns an interrupt into KeyboardInterrupt
-                    raise Cancelled(f"stopped during a decode ({self.name})")
-                raise EngineError(f"llama_decode failed with code {rc} ({self.name})")
+                raise self._failed(rc)
             self.tokens.extend(arr[lo:hi].tolist())
 
-    def _check_aborts(self, long: bool) -> None:
-        """Every decode stops at Ctrl-C; a long prefill (seconds on a big model) also when
-        `abort_when` is set, which takes a Python callback: ggml calls it between graph nodes (~500
-        per decode of 30 layers), noise beside a prefill's work but not beside a step's."""
+    def _failed(self, rc: int) -> EngineError:
+        """The error a decode that returned rc != 0 ends in (its caller has rolled the cache back)."""
+        if interrupt.requested() or (self.abort_when is not None and self.abort_when.is_set()):
+            # on the main thread, the deferred section turns an interrupt into KeyboardInterrupt
+            return Cancelled(f"stopped during a decode ({self.name})")
+        if rc == 1 and self.n_seq > 1:  # no free cells for the batch: other sequences hold them
+            return EngineError(f"the KV cache has no room for the batch: its {self.n_ctx} cells are shared by "
+                               f"all {self.n_seq} sequences ({self.name})")
+        return EngineError(f"llama_decode failed with code {rc} ({self.name})")
+
+    def _check_aborts(self, n: int) -> None:
+        """Every decode stops at Ctrl-C; a long prefill (seconds on a big model: over _LONG_EVAL
+        tokens) also when `abort_when` is set, which takes a Python callback: ggml calls it between
+        graph nodes (~500 per decode of 30 layers), noise beside a prefill's work but not beside a
+        step's."""
+        long = n > _LONG_EVAL
         if long != self._long:
             C.llama_set_abort_callback(self._ctx, *((self._abort, None) if long else _ABORT_CHECK))
             self._long = long
 
-    def truncate(self, n: int) -> None:
-        """Keep the first n tokens of the cache, remove the rest."""
-        if not C.llama_memory_seq_rm(self._mem, 0, n, -1):
+    def truncate(self, n: int, seq: int = 0) -> None:
+        """Keep the first n tokens of sequence `seq`'s cache, remove the rest."""
+        seq = self._seq_id(seq)  # llama.cpp asserts (ends the process) on an id it does not have
+        if not C.llama_memory_seq_rm(self._mem, seq, n, -1):
             kind = "recurrent/hybrid " if self.recurrent else ""
             raise EngineError(
                 f"{self.name}: this {kind}model's memory cannot be rolled back to a position, "
                 "which speculative decoding needs; use it with --drafter none"
             )
-        del self.tokens[n:]
+        del self.seqs[seq][n:]
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix already there."""
@@ -208,7 +225,8 @@ class Model:
 
     def reset(self) -> None:
         C.llama_memory_clear(self._mem, True)
-        self.tokens.clear()
+        for held in self.seqs:
+            held.clear()
 
     # -- vocabulary ----------------------------------------------------------------------------
 
@@ -301,7 +319,6 @@ class Model:
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
-            C.llama_batch_free(self._batch)
             C.llama_free(self._ctx)
             C.llama_model_free(self._model)
             self._ctx = None
