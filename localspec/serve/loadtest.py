@@ -24,8 +24,15 @@ import subprocess
 import sys
 import time
 
-import httpx
 import numpy as np
+
+try:
+    import httpx
+except ImportError:   # a user install without the test extra: one line, not a traceback
+    if __name__ == "__main__":
+        print("error: the load test needs httpx: pip install 'localspec[test]'", file=sys.stderr)
+        sys.exit(2)
+    raise
 
 PROMPTS = [
     "Name three colours.",
