@@ -1,9 +1,10 @@
-"""What the law tests share: the chi-square check, and the wrong acceptance rules whose failing
-proves that a check has teeth.
+"""What the law tests share: the chi-square check, the wrong acceptance rules whose failing proves
+that a check has teeth, and the target's own processed rows along sampled prefixes.
 
-The wrong rules take what `localspec.decoding.acceptance.accept_sampled` takes (draft tokens, the target's
-`Dist`s, the draft's `Dist`s or None), so the same rule can be patched into the real decoder
-(test_exact_e2e) or run by the acceptance harness (test_acceptance).
+Every rule here takes what `localspec.decoding.acceptance.accept_sampled` takes (draft tokens, the
+target's `Dist`s, the draft's `Dist`s or None, an rng), so the same rule can be patched into the
+real decoder (test_exact_e2e, test_serve_sampled) or run by the acceptance harness
+(test_acceptance).
 
 Statistic: Pearson chi-square, with its critical value at alpha = 1e-4 from the Wilson-Hilferty
 approximation (scipy is not installed), which is slightly conservative (too large) for small df.
@@ -14,11 +15,17 @@ token is a failure however rare).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
 
 import numpy as np
+
+from localspec.config import SamplingConfig
+from localspec.decoding.acceptance import accept_sampled
+from localspec.decoding.dists import Dense, Sparse
+from localspec.decoding.sampling import distribution
 
 ALPHA = 1e-4
 
@@ -80,7 +87,8 @@ def always_accept(draft, p, q, rng):
 
 
 def residual_is_p(draft, p, q, rng):
-    """The right acceptance test, but a rejection resamples from p, not from max(0, p - q)."""
+    """The right acceptance test, but a rejection resamples from p, not from max(0, p - q) (for a
+    lookup draft: from p without removing the rejected token)."""
     for i, x in enumerate(draft):
         q_i = q[i] if q is not None else None
         p_x, q_x = p[i].prob(x), (q_i.prob(x) if q_i is not None else 1.0)
@@ -88,3 +96,114 @@ def residual_is_p(draft, p, q, rng):
             continue
         return i, p[i].sample(rng)
     return len(draft), p[len(draft)].sample(rng)
+
+
+def accept_with_p(draft, p, q, rng):
+    """Accept with probability p(x), ignoring q; the right residual max(0, p - q)."""
+    for i, x in enumerate(draft):
+        if rng.random() < p[i].prob(x):
+            continue
+        return i, p[i].minus(q[i]).sample(rng)
+    return len(draft), p[len(draft)].sample(rng)
+
+
+def renormalised_q(draft, p, q, rng):
+    """The right rule, but handed each draft row cut to the target's width and renormalised (as if
+    the draft's ids past the target's vocabulary had never been proposable). Takes `Dense` rows:
+    their length is the vocabulary's."""
+    width = len(p[0])
+    return accept_sampled(draft, p, [_cut(d, width) for d in q], rng)
+
+
+@functools.lru_cache(maxsize=64)   # a harness hands the same rows on every draw: cut each once
+def _cut(d: Dense, width: int) -> Dense:
+    return Dense(d.weights[:width].copy())
+
+
+def bonus_off_by_one(draft, p, q, rng):
+    """Right everywhere except the bonus token, drawn from the last draft position's row.
+
+    The first emitted token stays exactly right; only a joint check can see this."""
+    n, t = accept_sampled(draft, p, q, rng)
+    if n == len(draft):
+        return n, p[n - 1].sample(rng)
+    return n, t
+
+
+def q_misaligned(draft, p, q, rng):
+    """The right rule, but a mixed draft's q not padded at its lookup positions: the model's
+    distributions land on the lookup tokens (which they never proposed) and the model's tokens
+    are verified one-hot. (Verifying every position one-hot would still be exact, only slower.)"""
+    if q is not None:
+        q = [d for d in q if d is not None] + [None] * sum(d is None for d in q)
+    return accept_sampled(draft, p, q, rng)
+
+
+def dense_spy(rule, seen: list):
+    """`rule`, noting the kinds of distribution it is handed (first target row, draft rows)."""
+    def spy(draft, p, q, rng):
+        seen.append((type(p[0]), {type(d) for d in q or ()}))
+        return rule(draft, p, q, rng)
+    return spy
+
+
+# -- the target alone ---------------------------------------------------------------------------
+
+CFG = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.0)
+"""The sampling the end-to-end laws run at (test_exact_e2e, test_serve_sampled)."""
+REPEATING = ("The cat sat on the mat. The dog sat on the rug. The cat sat on the mat. The dog sat on "
+             "the rug. The cat sat on the")
+"""Repetitive, so prompt lookup has a match from the first step; ending mid-phrase, so the first
+token is uncertain."""
+
+
+class Target:
+    """The target's own processed rows along sampled prefixes of one prompt.
+
+    Each row is computed once per prefix and kept sparse (the kept ids and their probabilities,
+    every end-of-generation id merged into one token, `end` = n_vocab), so many runs' rows fit in
+    memory and one instance can serve every test of a module. `raw` keeps the logit rows too, for
+    a caller that reads the same prefixes at several temperatures."""
+
+    def __init__(self, model, prompt: list[int], cfg: SamplingConfig = CFG, raw: dict | None = None):
+        self.model, self.prompt, self.cfg = model, list(prompt), cfg
+        self.end = model.n_vocab
+        self.eog = np.array([model.is_eog(t) for t in range(model.n_vocab)])
+        self._rows: dict[tuple[int, ...], Sparse] = {}
+        self._raw = raw
+
+    def rows(self, tokens: list[int], n: int) -> list[Sparse]:
+        """p_1..p_n after the prompt along `tokens` (`Sparse`, ids in increasing order)."""
+        keys = [tuple(tokens[:i]) for i in range(n)]
+        if any(key not in self._rows for key in keys):
+            raw = self._raw
+            if raw is not None and all(key in raw for key in keys):
+                self._keep(keys, [raw[key] for key in keys])
+            else:
+                m = self.model
+                m.sync(self.prompt[:-1])
+                logits = m.eval([self.prompt[-1], *tokens[: n - 1]], logits_from=0)
+                if raw is not None:  # copies: the rows are a view the next decode overwrites
+                    raw.update(zip(keys, (np.array(row) for row in logits)))
+                self._keep(keys, logits)
+                m.truncate(len(self.prompt) - 1)
+        return [self._rows[key] for key in keys]
+
+    def _keep(self, keys, logits) -> None:
+        for key, row in zip(keys, logits):
+            if key not in self._rows:
+                self._rows[key] = self._processed(row)
+
+    def _processed(self, row: np.ndarray) -> Sparse:
+        d = distribution(row, self.cfg)
+        if isinstance(d, Dense):   # a whole vocabulary: int32 ids and float32 probabilities halve it
+            ids = np.flatnonzero(d.weights).astype(np.int32)
+            probs = (d.weights[ids] / float(d.weights.sum(dtype=np.float64))).astype(np.float32)
+        else:
+            order = np.argsort(d.ids)
+            ids, probs = d.ids[order], d.weights[order] / d.weights.sum()
+        end = self.eog[ids]
+        if end.any():
+            ids = np.append(ids[~end], self.end)
+            probs = np.append(probs[~end], probs[end].sum())
+        return Sparse(ids, probs)

@@ -46,8 +46,9 @@ def keep_mask(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     return keep
 
 
-def probabilities(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
-    """Dense float64 processed distribution per row ((rows, vocab) or (vocab,))."""
+def probabilities(logits: np.ndarray, cfg: SamplingConfig, keep: np.ndarray | None = None) -> np.ndarray:
+    """Dense float64 processed distribution per row ((rows, vocab) or (vocab,)). `keep`: the rows'
+    `keep_mask`, when the caller has it already."""
     logits = np.asarray(logits, dtype=np.float32)
     squeeze = logits.ndim == 1
     logits = np.atleast_2d(logits)
@@ -55,7 +56,7 @@ def probabilities(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         out = np.zeros(logits.shape)
         out[np.arange(len(logits)), logits.argmax(axis=-1)] = 1.0
     else:
-        keep = keep_mask(logits, cfg)
+        keep = keep_mask(logits, cfg) if keep is None else np.atleast_2d(keep)
         x = logits.astype(np.float64)
         x = (x - x.max(axis=-1, keepdims=True)) / cfg.temperature
         out = softmax(np.where(keep, x, -np.inf))

@@ -3,8 +3,8 @@ a fixed k whatever ran before, and the law of what a sampled request emits first
 
 The server is test_serve's (one in-process server on the embedded default pair); its -k is set per
 test where a fixed k is needed. The law is checked against the target's own processed distribution,
-computed directly with test_exact_e2e's `Target` (and its sampling options `CFG`), by
-tests/law_helpers.py's Pearson chi-square.
+computed directly with tests/law_helpers.py's `Target` (at its sampling options `CFG`, the ones
+test_exact_e2e runs at), by law_helpers' Pearson chi-square.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tests.law_helpers import chi2_check
-from tests.test_exact_e2e import CFG, PROMPT as REPEATING, Target
+from tests.law_helpers import CFG, REPEATING, Target, chi2_check
 from tests.test_serve import plain_greedy, post, served, wait_idle  # noqa: F401 - served is the fixture
 
 SAMPLED = {"temperature": CFG.temperature, "top_k": CFG.top_k, "top_p": CFG.top_p, "min_p": CFG.min_p}
@@ -91,23 +90,23 @@ def first_word(text: str) -> str:
     return re.match(r"\s*\w*", text).group()
 
 
-def two_token_law(target, prompt: list[int], cfg=CFG) -> dict[str, float]:
+def two_token_law(target, prompt: list[int], cfg=CFG, raw: dict | None = None) -> dict[str, float]:
     """The law of `first_word` of a two-token answer (max_tokens 2) under the target's own
     processed distribution at `cfg`: x1 ~ p(. | prompt), x2 ~ p(. | prompt, x1), an end of generation
     ending it early. Of the text, not the tokens, because the server answers text; summing over
-    every pair (x1, x2) keeps it exact."""
-    ref = Target(target, prompt, cfg)
-    end = target.n_vocab   # Target merges every end-of-generation id into this one
+    every pair (x1, x2) keeps it exact. `raw`: the target's logit rows by prefix, shared by laws at
+    other temperatures (see `Target`)."""
+    ref = Target(target, prompt, cfg, raw)
     law: Counter = Counter()
     p1 = ref.rows([], 1)[0]
-    for x1 in np.flatnonzero(p1):
-        if x1 == end:
-            law[""] += p1[x1]
+    for x1, w1 in zip(p1.ids.tolist(), (p1.weights / p1.total).tolist()):
+        if x1 == ref.end:   # Target merges every end-of-generation id into this one
+            law[""] += w1
             continue
-        p2 = ref.rows([int(x1)], 2)[1]
-        for x2 in np.flatnonzero(p2):
-            tail = b"" if x2 == end else target.piece(int(x2))
-            law[first_word((target.piece(int(x1)) + tail).decode("utf-8", "replace"))] += p1[x1] * p2[x2]
+        p2 = ref.rows([x1], 2)[1]
+        for x2, w2 in zip(p2.ids.tolist(), (p2.weights / p2.total).tolist()):
+            tail = b"" if x2 == ref.end else target.piece(x2)
+            law[first_word((target.piece(x1) + tail).decode("utf-8", "replace"))] += w1 * w2
     return law
 
 
@@ -134,17 +133,24 @@ def drawn(served):
     return prompt, [first_word(a["choices"][0]["text"]) for a in answers]
 
 
-def test_sampled_answers_follow_the_targets_law(served, drawn):
+@pytest.fixture(scope="module")
+def raw_rows() -> dict:
+    """The target's logit rows after PROMPT, by prefix: both laws below read the same ones."""
+    return {}
+
+
+def test_sampled_answers_follow_the_targets_law(served, drawn, raw_rows):
     prompt, words = drawn
     wait_idle(served)   # the reference evaluates on the server's own target
-    result = law_check(two_token_law(served.session.target, prompt), words)
+    result = law_check(two_token_law(served.session.target, prompt, raw=raw_rows), words)
     assert result.ok, f"not the target's law: {result}"
 
 
-def test_the_law_check_tells_another_temperature(served, drawn):
+def test_the_law_check_tells_another_temperature(served, drawn, raw_rows):
     """Teeth: the same draws fail against the law at T = 0.7 (what a server that dropped the
     request's temperature for a default of 0.7 would follow)."""
     prompt, words = drawn
     wait_idle(served)
-    result = law_check(two_token_law(served.session.target, prompt, replace(CFG, temperature=0.7)), words)
+    result = law_check(two_token_law(served.session.target, prompt, replace(CFG, temperature=0.7), raw_rows), words)
+    print(result)
     assert not result.ok, f"the law at T = 0.7 passed: {result}"
