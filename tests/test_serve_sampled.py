@@ -29,7 +29,7 @@ def fixed_k(served, k: int):
     server = served.server
     wait_idle(served)
     saved = server.defaults, server._controllers
-    server.defaults, server._controllers = replace(server.defaults, k=k), {}
+    server.defaults, server._controllers = replace(server.defaults, k=k), None
     try:
         yield
     finally:

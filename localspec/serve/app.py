@@ -327,7 +327,7 @@ class Server:
         job.emit("done", job.result)
 
     def _controller(self, temperature: float, drafter) -> KController:
-        if not self._controllers:   # none yet, or dropped (as a test does to change -k): from the defaults now
+        if self._controllers is None:   # made on first use, from the defaults then in force
             self._controllers = Controllers(self.session, k=self.defaults.k, warm=self.warm_start)
         return self._controllers.get(drafter, temperature)
 
@@ -336,7 +336,7 @@ class Server:
         if not (force or self._since_save >= SAVE_EVERY) or not self.warm_start:
             return
         self._since_save = 0
-        if self._controllers:
+        if self._controllers is not None:
             self._controllers.save_all()
 
     # ---- ending ---------------------------------------------------------------------------------
