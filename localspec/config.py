@@ -18,6 +18,39 @@ MAX_DRAFT = 64
 """The most draft tokens one step may propose (-k): a verify batch must fit llama.cpp's batch, and
 beyond a few dozen even a perfect drafter gains nothing a GPU would notice."""
 
+MAX_BRANCHES = 8
+"""The most branches (leaves) a draft tree may have: each is a sequence of both models' KV caches
+(`ModelConfig.n_seq`), and past a handful the extra branches' acceptance is worth little."""
+
+MAX_TREE_NODES = 64
+"""The most nodes one draft tree may verify (the target's batch is its nodes plus the root)."""
+
+
+def parse_tree(text: str) -> str | tuple[int, ...]:
+    """`--tree`: "auto" (the controller chooses the tree per step), "off" (chains only), or a SHAPE:
+    the branching per depth, e.g. "3,2,1,1" (3 children of the root, 2 under each, then chains).
+    Depths past the shape have one child each, down to the draft length k."""
+    t = str(text).strip().lower()
+    if t in ("auto", "off"):
+        return t
+    try:
+        shape = tuple(int(x) for x in t.split(","))
+    except ValueError:
+        raise ConfigError(f"--tree must be auto, off or a branching per depth like 3,2,1 (got {text!r})") from None
+    if not shape or any(b < 1 for b in shape):
+        raise ConfigError(f"--tree: every branching must be >= 1 (got {text!r})")
+    if tree_leaves(shape) > MAX_BRANCHES:
+        raise ConfigError(f"--tree {text}: {tree_leaves(shape)} branches, at most {MAX_BRANCHES}")
+    return shape
+
+
+def tree_leaves(shape: tuple[int, ...]) -> int:
+    """Branches of a tree of this shape: the product of its branchings."""
+    n = 1
+    for b in shape:
+        n *= b
+    return n
+
 
 class ConfigError(ValueError):
     """A user-facing configuration problem; the CLI prints it as one line and exits 2."""
@@ -100,6 +133,9 @@ class DecodeConfig:
     """Upper bound for the adaptive draft length."""
     stop: tuple[str, ...] = field(default_factory=tuple)
     """Stop strings: generation ends before the first occurrence of any of them."""
+    tree: str | tuple[int, ...] = "off"
+    """Draft trees: "off" (one chain per step), "auto" (the controller widens the chain into a tree
+    when its measured costs and sibling acceptance say it pays), or a fixed shape (`parse_tree`)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -108,3 +144,17 @@ class DecodeConfig:
             raise ConfigError(f"draft tokens (-k) must be between 0 and {MAX_DRAFT}, got {self.k}")
         if self.k_max < 1:
             raise ConfigError(f"k-max must be >= 1, got {self.k_max}")
+        object.__setattr__(self, "tree", parse_tree(self.tree) if isinstance(self.tree, str) else
+                           parse_tree(",".join(map(str, self.tree))))
+
+    @property
+    def tree_shape(self) -> tuple[int, ...] | None:
+        """The fixed shape, or None for "off" and "auto"."""
+        return self.tree if isinstance(self.tree, tuple) else None
+
+    @property
+    def n_seq(self) -> int:
+        """Sequences each model's cache needs for this run's trees (1 without trees)."""
+        if self.tree == "off":
+            return 1
+        return MAX_BRANCHES if self.tree == "auto" else tree_leaves(self.tree)

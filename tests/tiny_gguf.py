@@ -42,8 +42,10 @@ def write_tiny_gguf(
     n_ctx_train: int = 256,
     seed: int = 0,
     name: str = "tiny",
+    scale: float = 0.2,
 ) -> Path:
-    """Write a llama model llama.cpp can load and run; returns `path`."""
+    """Write a llama model llama.cpp can load and run; returns `path`. `scale`: the standard
+    deviation of the random weights (larger: sharper next-token distributions)."""
     path = Path(path)
     rng = np.random.default_rng(seed)
     n_vocab, head_dim = len(tokens), n_embd // n_head
@@ -72,7 +74,7 @@ def write_tiny_gguf(
     w.add_add_eos_token(False)
 
     def t(name: str, *shape: int) -> None:  # numpy shape = ggml ne reversed
-        w.add_tensor(name + ".weight", (rng.standard_normal(shape) * 0.2).astype(np.float32))
+        w.add_tensor(name + ".weight", (rng.standard_normal(shape) * scale).astype(np.float32))
 
     def ones(name: str) -> None:
         w.add_tensor(name + ".weight", np.ones(n_embd, dtype=np.float32))

@@ -17,6 +17,8 @@ from localspec.config import DecodeConfig, SamplingConfig
 from .controller import KController
 from .drafters import Drafter
 from .sampling import Argmax, BadLogits, Rows
+from .tree import DraftTree, accept_tree_greedy, accept_tree_sampled, tested_ranks
+from .tree_drafts import as_chain, choose_shape, learn_tree, propose_tree, width_of
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,45 @@ class Step:
     n_lookup: int = 0
     """Accepted tokens (the first ones of `tokens`) that prompt lookup proposed; the other
     accepted draft tokens came from the draft model."""
+    n_nodes: int = 0
+    """Draft tokens verified: n_drafted for a chain, every node for a tree."""
+    branches: int = 1
+    """Branches verified this step (1: a chain or plain; more: a draft tree)."""
+    sibling_trials: tuple[tuple[int, bool], ...] = ()
+    """Per proposal the rule tried, in order: (its rank among its siblings, accepted?). On a
+    chain every rank is 0; a tree's later siblings are tried only after the earlier ones failed."""
 
     def kinds(self) -> tuple[str, ...]:
         """Per emitted token: "lookup" or "model" (an accepted draft token), "target" otherwise."""
         model = "model" if self.source in ("model", "mixed") else "lookup"
         return tuple("target" if not d else "lookup" if i < self.n_lookup else model
                      for i, d in enumerate(self.from_draft))
+
+
+def tree_batch(tree: DraftTree, last: int, n_vocab: int) -> tuple[list[int], list[int], list[int]]:
+    """The target's batch for a tree: the text's last token as the root (row 0), then the nodes the
+    target can read (an id past its vocabulary, from a padded draft vocabulary, has p = 0 and no
+    children: it is left out, and the rule rejects it). Returns (tokens, parents, at): at[i + 1] is
+    node i's row, at[0] = 0 the root's."""
+    tokens, parents, at = [last], [-1], [0]
+    for tok, parent in zip(tree.tokens, tree.parents):
+        if tok < n_vocab and at[parent + 1] >= 0:
+            at.append(len(tokens))
+            tokens.append(tok)
+            parents.append(at[parent + 1])
+        else:
+            at.append(-1)
+    return tokens, parents, at
+
+
+class Mapped:
+    """Rows of a tree's verify batch by node (row i + 1 = after node i), through `at`."""
+
+    def __init__(self, rows, at: list[int]):
+        self._rows, self._at = rows, at
+
+    def __getitem__(self, i: int):
+        return self._rows[self._at[i]]
 
 
 StopHook = Callable[[list[int]], "int | None"]
@@ -108,20 +143,45 @@ def generate_steps(
             k = 0
             if drafter is not None and room > 0:
                 k = drafter.plan(context, min(max(decode.k_max, decode.k or 0), room), controller)
-            draft = drafter.propose(context, k, sampling, drafting) if k > 0 else None
-            drafted = draft.tokens if draft else []
-            t1 = time.perf_counter()
-            # A padded draft vocabulary can propose an id the target lacks: verify the part before
-            # it; the rule then rejects that id (p = 0) using the last row.
-            n_valid = len(drafted)
-            if drafted and max(drafted) >= target.n_vocab:
-                n_valid = next(i for i, t in enumerate(drafted) if t >= target.n_vocab)
-            logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
-            t2 = time.perf_counter()
-            if sampling.greedy:
-                n_acc, nxt = accept_greedy(drafted, Argmax(logits))
+            shape = choose_shape(decode.tree, controller, drafter, context, k, width_of(target, drafter)) if k else None
+            if shape:
+                draft = propose_tree(drafter, context, k, shape, sampling, drafting)
             else:
-                n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling), draft.q if draft else None, rng)
+                draft = drafter.propose(context, k, sampling, drafting) if k > 0 else None
+            if draft is not None and draft.tree is not None and len(context) + len(draft.tree) > target.n_ctx:
+                draft = as_chain(draft)   # the branches would not fit the cache's free cells
+            tree = draft.tree if draft is not None and draft.tree is not None and not draft.tree.is_chain() else None
+            t1 = time.perf_counter()
+            if tree is not None:
+                # One decode verifies every branch; only the accepted one stays in the cache.
+                tokens, parents, at = tree_batch(tree, context[-1], target.n_vocab)
+                logits = target.eval_tree(tokens, parents)
+                t2 = time.perf_counter()
+                kept: list[int] = []   # whatever happens, the cache keeps the root and this path
+                try:
+                    if sampling.greedy:
+                        path, nxt = accept_tree_greedy(tree, Mapped(Argmax(logits), at))
+                    else:
+                        path, nxt = accept_tree_sampled(tree, Mapped(Rows(logits, sampling), at), rng)
+                    kept = [0, *(at[c + 1] for c in path)]
+                finally:
+                    target.keep_path(kept or [0])
+                drafted, n_acc = tree.path_tokens(path), len(path)
+                trials = tuple(tested_ranks(tree, path))
+            else:
+                drafted = draft.tokens if draft else []
+                # A padded draft vocabulary can propose an id the target lacks: verify the part
+                # before it; the rule then rejects that id (p = 0) using the last row.
+                n_valid = len(drafted)
+                if drafted and max(drafted) >= target.n_vocab:
+                    n_valid = next(i for i, t in enumerate(drafted) if t >= target.n_vocab)
+                logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
+                t2 = time.perf_counter()
+                if sampling.greedy:
+                    n_acc, nxt = accept_greedy(drafted, Argmax(logits))
+                else:
+                    n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling), draft.q if draft else None, rng)
+                trials = ((0, True),) * n_acc + (((0, False),) if n_acc < len(drafted) else ())
             emitted = [*drafted[:n_acc], nxt]
             from_draft = [True] * n_acc + [False]
             finish = None
@@ -145,7 +205,9 @@ def generate_steps(
                 finish = "context"
             target.truncate(len(context) - 1)
             # The price of verifying b tokens includes turning their b rows into the decision.
-            if drafter is not None:
+            if tree is not None:
+                learn_tree(drafter, controller, k, draft, path, trials, t1 - t0, time.perf_counter() - t1)
+            elif drafter is not None:
                 drafter.learn(controller, k, draft, n_acc, t1 - t0, time.perf_counter() - t1)
             else:
                 controller.observe(0, 0, 0, t1 - t0, time.perf_counter() - t1)
@@ -156,8 +218,11 @@ def generate_steps(
                 source=draft.source if draft else "",
                 n_lookup=min(draft.n_lookup, n_acc) if draft else 0,
                 k=k,
-                n_drafted=len(drafted),
+                n_drafted=tree.depth() if tree is not None else len(drafted),
                 n_accepted=n_acc,
+                n_nodes=len(tree) if tree is not None else len(drafted),
+                branches=tree.leaves() if tree is not None else 1,
+                sibling_trials=trials,
                 t_draft=t1 - t0,
                 t_verify=t2 - t1,
                 t_python=t3 - t2,

@@ -20,6 +20,7 @@ from .dists import Dist
 from .lookup import NGRAM_MAX, NGramStore
 from localspec.tokens import common_prefix
 from .sampling import BadLogits, distribution
+from .tree import DraftTree
 
 
 # A drafter at most this many tokens behind the text catches up in the first draft decode, at about
@@ -47,6 +48,9 @@ class Draft:
     """Tokens the draft model read in its first decode of this draft (0: no model decode)."""
     t_first: float = 0.0
     """Seconds of that first decode: with n_first, the draft's cost of catching up."""
+    tree: DraftTree | None = None
+    """A draft tree (tree_drafts): `tokens` and `q` are then its nodes', `n_lookup` counts them all
+    for lookup's trees, and `classes` are those of its first-ranked branch."""
 
 
 class Drafter(Protocol):
@@ -120,6 +124,8 @@ class ModelDrafter(_Single):
         self.model = model
         self.target_vocab = target_vocab or model.n_vocab
         self.offset = 0  # the draft's cache holds context[offset:]
+        self.seqs_used: dict[int, int] = {}   # during a tree step: draft node -> its sequence
+        self.tree_base = 0                    # tokens of sequence 0 before the tree's first level
 
     def prepare(self, context: Sequence[int]) -> None:
         lacking = [i for i, t in enumerate(context) if t >= self.model.n_vocab]
@@ -134,8 +140,13 @@ class ModelDrafter(_Single):
         # than one draft), so this counts what a proposal would first have to feed.
         return max(len(context) - self.offset - len(self.model.tokens), 0)
 
-    def propose(self, context, k, sampling, rng) -> Draft:
+    def start(self, context) -> tuple[np.ndarray | None, int, float]:
+        """Bring the draft's cache up to `context` (but its last token) and read the last token:
+        (the logits row after the context, or None when nothing can be drafted now; tokens read;
+        seconds of that first decode). Only sequence 0 is kept."""
         m = self.model
+        if self.seqs_used:
+            self.settle(None)
         view = context[self.offset :]
         keep = min(common_prefix(m.tokens, view), len(view) - 1)
         if len(view) - keep > self.MAX_CATCHUP:
@@ -150,34 +161,59 @@ class ModelDrafter(_Single):
             fresh = view
         if not fresh:
             m.truncate(0)
-            return Draft([])
+            return None, 0, 0.0
         m.truncate(keep)
         start = time.perf_counter()
         logits = m.eval(fresh, logits_from=-1)
-        first = time.perf_counter() - start
+        return logits[0], len(fresh), time.perf_counter() - start
+
+    def propose(self, context, k, sampling, rng) -> Draft:
+        m = self.model
+        row, n_first, first = self.start(context)
+        if row is None:
+            return Draft([])
         tokens: list[int] = []
         rows: list[Dist] = []
         host = 0.0
         for i in range(k):
             h = time.perf_counter()
             if sampling.greedy:
-                x = int(logits[0].argmax())
+                x = int(row.argmax())
             else:
-                try:
-                    q = distribution(logits[0], sampling)
-                except BadLogits as e:
-                    e.model = f"the draft {m.name}"
-                    raise
+                q = self.distribution(row, sampling)
                 x = q.sample(rng)
                 rows.append(q)
             tokens.append(x)
             host += time.perf_counter() - h
             if m.is_eog(x) or x >= self.target_vocab or i == k - 1:
                 break  # nothing sensible follows an end of generation or an id the target lacks
-            logits = m.eval([x], logits_from=0)
+            row = m.eval([x], logits_from=0)[0]
         # Greedy drafts are checked against the target's argmax; no distribution is needed. Ids
         # past one vocabulary's end have p = 0 or q = 0 there, which the rule handles.
-        return Draft(tokens, rows or None, host, source="model", n_first=len(fresh), t_first=first)
+        return Draft(tokens, rows or None, host, source="model", n_first=n_first, t_first=first)
+
+    def distribution(self, row, sampling) -> Dist:
+        try:
+            return distribution(row, sampling)
+        except BadLogits as e:
+            e.model = f"the draft {self.model.name}"
+            raise
+
+    def settle(self, path) -> None:
+        """After a tree step (tree_drafts): keep the accepted branch's cells as sequence 0 and free
+        every other branch; `path` = the accepted nodes (None: keep sequence 0 as it is)."""
+        best, n = 0, self.tree_base
+        for depth, node in enumerate(path or ()):
+            if node in self.seqs_used:
+                best, n = self.seqs_used[node], self.tree_base + depth + 1
+        m = self.model
+        if best:
+            m.copy_seq(best, 0, n)
+        elif path is not None:
+            m.truncate(n)   # the first-ranked branch past the accepted nodes
+        for s in set(self.seqs_used.values()) - {0}:
+            m.drop_seq(s)
+        self.seqs_used = {}
 
 
 class PromptLookup:

@@ -117,33 +117,71 @@ class NGramStore:
         tokens: list[int] = []
         classes: list[int] = []
         follow, run = -1, 0      # the occurrence being copied, and the match behind it
-        text, index = self.text, self._index
         for _ in range(k):
-            entry = None
-            for n in range(min(self.ngram_max, len(tail)), 0, -1):
-                entry = index.get(tuple(tail[-n:]))
-                if entry:
-                    break
-            if not entry:
+            ranked = self.ranked(tail, follow, run, 1)
+            if not ranked:
                 break
-            if len(entry) == 1:
-                ((tok, (count, pos)),) = entry.items()
-                length = run + 1 if pos == follow + 1 else self._match(pos, tail, n)
-            else:
-                best = None
-                for t, (count, p) in entry.items():
-                    m = run + 1 if p == follow + 1 else self._match(p, tail, n)
-                    key = (bucket(m), count, p)
-                    if best is None or key > best[0]:
-                        best = (key, t, p, m)
-                _, tok, pos, length = best
+            tok, follow, run, cls = ranked[0]
             tokens.append(tok)
-            classes.append(class_of(length, len(entry) > 1))
-            follow, run = pos, length
+            classes.append(cls)
             tail.append(tok)
             if len(tail) > 2 * RUN_MAX:
                 del tail[:RUN_MAX]
         return tokens, classes
+
+    def ranked(self, tail: Sequence[int], follow: int, run: int, n: int) -> list[tuple[int, int, int, int]]:
+        """The n best tokens to follow `tail`, best first, each as (token, position of the
+        occurrence it copies, match length behind it, class). The longest n-gram that ends `tail`
+        and was followed before ranks its continuations first; rivals beyond those come from
+        shorter n-grams (what followed a shorter match). `follow`/`run`: the occurrence the draft
+        copies so far and its match (-1, 0 at the start), so that copying on costs no re-measuring."""
+        out: list[tuple[int, int, int, int]] = []
+        seen: set[int] = set()
+        for g in range(min(self.ngram_max, len(tail)), 0, -1):
+            entry = self._index.get(tuple(tail[-g:]))
+            if not entry:
+                continue
+            ambiguous = len(entry) > 1 or bool(out)
+            scored = []
+            for t, (count, p) in entry.items():
+                if t in seen:
+                    continue
+                m = run + 1 if p == follow + 1 else self._match(p, tail, g)
+                scored.append(((bucket(m), count, p), t, p, m))
+            best = sorted(scored, reverse=True)[:n - len(out)] if n > 1 else [max(scored)] if scored else []
+            for _, t, p, m in best:
+                out.append((t, p, m, class_of(m, ambiguous)))
+                seen.add(t)
+            if len(out) >= n or n == 1:
+                break
+        return out
+
+    def tree(self, context: Sequence[int], k: int, shape: Sequence[int], budget: int = 64):
+        """Rival continuations as a tree of depth <= k: at depth d each node has up to shape[d]
+        children (1 past the shape), the tokens that followed its n-gram, best first, each drafted
+        on from the occurrence it copies. Returns (tokens, parents, classes) with parents before
+        children (-1: a child of the text); at most `budget` nodes (past it, chains)."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        classes: list[int] = []
+        frontier = [(-1, list(context[-RUN_MAX:]), -1, 0)]   # (node, tail, follow, run)
+        for d in range(k):
+            b = shape[d] if d < len(shape) else 1
+            if len(tokens) + len(frontier) * b > budget:
+                b = 1
+                if len(tokens) + len(frontier) > budget:
+                    break
+            nxt = []
+            for node, tail, follow, run in frontier:
+                for tok, pos, length, cls in self.ranked(tail, follow, run, b):
+                    nxt.append((len(tokens), [*tail[-2 * RUN_MAX + 1:], tok], pos, length))
+                    tokens.append(tok)
+                    parents.append(node)
+                    classes.append(cls)
+            if not nxt:
+                break
+            frontier = nxt
+        return tokens, parents, classes
 
 
 class LookupRates:

@@ -4,7 +4,8 @@
 parts it learns with: `costs` (the target's verify cost by batch size, the shared EWMA and fit
 rules, a warm start's record giving way to today's timings), `draft_costs` (the draft model's
 drafting and catch-up costs), `alpha` (acceptance overall and per draft position, change detection)
-and `probes` (when to speculate while plain wins).
+`probes` (when to speculate while plain wins) and `trees` (`--tree auto`: sibling acceptance by rank
+and whether a tree beats the chain).
 
 May import: numpy, `localspec.decoding.lookup`, and the top-level `localspec.config`,
 `localspec.machine` and `localspec.tokens`. Must never import the engine, the loading layer, the

@@ -36,6 +36,7 @@ from .alpha import Acceptance
 from .costs import VerifyCost
 from .draft_costs import BatchCost, DraftCost
 from .probes import PROBE_OPTIMISM, Probes
+from .trees import TreeChooser
 
 START_K = 4                # the first two steps draft a moderate k to measure t_draft and alpha:
                            # larger times longer drafts at once, but wastes more on a bad pair
@@ -74,6 +75,7 @@ class KController:
         # lookup match, and the draft model's decode cost by tokens read (its catch-up price).
         self.lookup = LookupRates()
         self.first_decode = BatchCost()
+        self.trees = TreeChooser()   # `--tree auto`: sibling acceptance, tree or chain
 
     @property
     def _verify(self) -> dict[int, float]:   # verify seconds by batch size (tests read it)
