@@ -110,13 +110,14 @@ def check_schema(report: dict) -> set[str]:
 
 @pytest.fixture(scope="module")
 def reports(model_paths, tmp_path_factory):
-    """(model drafter with -k 2,auto, lookup drafter with -k 3 and --compare, the default auto) on
-    a 2-prompt file."""
+    """(model drafter with -k 2,auto and trees 2, lookup drafter with -k 3, chains only and --compare,
+    the default auto with the default trees) on a 2-prompt file."""
     f = tmp_path_factory.mktemp("bench") / "two.jsonl"
     f.write_text(TWO_PROMPTS, encoding="utf-8")
     out = []
-    for extra in (["--drafter", "model", "-k", "2,auto"],
-                  ["--drafter", "lookup", "--target", str(model_paths[0]), "-k", "3", "--compare", "llama-cpp-python"],
+    for extra in (["--drafter", "model", "-k", "2,auto", "--tree", "2"],
+                  ["--drafter", "lookup", "--target", str(model_paths[0]), "-k", "3", "--compare", "llama-cpp-python",
+                   "--tree", "off"],
                   []):
         result = invoke("--prompts", str(f), *TINY, *extra)
         assert result.exit_code == 0, result.output
@@ -137,12 +138,13 @@ def test_model_drafter_report_contents(reports):
     c = r["config"]
     assert r["schema"] == bench.SCHEMA
     assert c["drafter"] == "model" and c["draft"] and c["chat"] is True and c["compare"] is None
-    assert c["k"] == [2, "auto"] and c["categories"] == ["edit", "chat"] and c["seed"] == 3
-    assert list(r["categories"]) == ["edit", "chat"] and list(r["overall"]["spec"]) == ["2", "auto"]
-    assert r["overall"]["reference"] is None and set(r["controllers"]) == {"2", "auto"}
+    assert c["k"] == [2, "auto"] and c["categories"] == ["edit", "chat"] and c["seed"] == 3 and c["tree"] == "2"
+    keys = ["2", "2+tree", "auto", "auto+tree"]   # each k as chains, and with trees beside it
+    assert list(r["categories"]) == ["edit", "chat"] and list(r["overall"]["spec"]) == keys
+    assert r["overall"]["reference"] is None and set(r["controllers"]) == set(keys)
     # Interleaved: every prompt runs every variant before the next prompt, order alternating.
-    assert [(x["prompt"], x["variant"]) for x in r["runs"]] == [
-        (0, "plain"), (0, "spec:2"), (0, "spec:auto"), (1, "spec:auto"), (1, "spec:2"), (1, "plain")]
+    order = ["plain", *(f"spec:{key}" for key in keys)]
+    assert [(x["prompt"], x["variant"]) for x in r["runs"]] == [(0, v) for v in order] + [(1, v) for v in order[::-1]]
     assert all(x["n_tokens"] <= (8 if x["prompt"] == 0 else 6) for x in r["runs"])  # a line's max_tokens wins
     for key, s in r["overall"]["spec"].items():
         p = r["overall"]["plain"]
@@ -153,16 +155,20 @@ def test_model_drafter_report_contents(reports):
         assert s["alpha"] == pytest.approx(s["n_accepted"] / s["n_tested"])
         assert s["draft_efficiency"] == pytest.approx(s["n_accepted"] / s["n_drafted"])
         assert s["bound"] is None or s["bound"]["speedup"] > 0
+        assert s["tree"]["setting"] == ("2" if key.endswith("+tree") else "off")
+        assert (s["chain"], s["against_chain"] is None) == ((key[:-5], False) if key.endswith("+tree") else (None, True))
     assert r["overall"]["spec"]["2"]["bound"]["k"] == 2 or r["overall"]["spec"]["2"]["bound"] is None
     table = format_report(r)
-    for word in ("edit", "chat", "overall", "speculative k=2", "speculative k=auto", "bound", "draft eff"):
+    for word in ("edit", "chat", "overall", "speculative k=2", "speculative k=auto", "bound", "draft eff",
+                 "speculative k=2 · tree 2", "tree against chain (2+tree against 2", "tree against chain (auto+tree"):
         assert word in table
 
 
 def test_compare_report_contents(reports):
     r = reports[1]
     assert r["config"]["drafter"] == "lookup" and r["config"]["draft"] is None
-    assert r["config"]["reference_lookup_tokens"] == 3
+    assert r["config"]["reference_lookup_tokens"] == 3 and r["config"]["tree"] == "off"
+    assert list(r["overall"]["spec"]) == ["3"] and "tree against chain" not in format_report(r)
     ref = r["overall"]["reference"]
     assert ref["plain"]["lookup_tokens"] is None and ref["lookup"]["lookup_tokens"] == 3
     assert ref["plain"]["n_runs"] == 2 and ref["plain"]["n_tokens"] > 0
@@ -173,11 +179,12 @@ def test_compare_report_contents(reports):
 
 def test_auto_runs_each_drafter_alone_beside_it(reports):
     r = reports[2]
-    assert r["config"]["drafter"] == "auto" and r["config"]["k"] == ["auto"]
+    assert r["config"]["drafter"] == "auto" and r["config"]["k"] == ["auto"] and r["config"]["tree"] == "auto"
     spec = r["overall"]["spec"]
-    assert list(spec) == ["model", "lookup", "auto"] and set(r["controllers"]) == set(spec)
+    # the default --tree auto: auto's variant runs as chains and with trees; the drafters alone as chains
+    assert list(spec) == ["model", "lookup", "auto", "auto+tree"] and set(r["controllers"]) == set(spec)
     assert [x["variant"] for x in r["runs"] if x["prompt"] == 0] == [
-        "plain", "spec:model", "spec:lookup", "spec:auto"]
+        "plain", "spec:model", "spec:lookup", "spec:auto", "spec:auto+tree"]
     for key, s in spec.items():
         assert sum(d["steps"] for d in s["drafters"].values()) == s["n_steps"]
         assert sum(d["share"] for d in s["drafters"].values()) == pytest.approx(1.0)

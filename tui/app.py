@@ -77,15 +77,16 @@ class ChatApp(Commands, App):
     def __init__(self, source: LoadConfig | Session, sampling: SamplingConfig, *, k: int | None = None,
                  max_tokens: int | None = None, system: str | None = None, warm_start: bool = True,
                  store: Store | None = None, resume: Conversation | None = None,
-                 view_mode: str = "markdown", chat_factory=Chat) -> None:
+                 view_mode: str = "markdown", chat_factory=Chat, tree: str | tuple[int, ...] = "off") -> None:
         """`source` is a LoadConfig (loaded here, in a worker) or an already-loaded Session.
         `store`: where conversations are saved (None: not saved); `resume`: a stored conversation
         to show and continue; `chat_factory(session, **options)` makes the Chat (tests script one);
         `max_tokens`: a cap on each reply, None for none (a reply runs until the model stops or the
-        context is full)."""
+        context is full); `tree`: draft trees (`Chat.tree`; the models need its `n_seq`)."""
         super().__init__()
         self.source = source
-        self.options = dict(sampling=sampling, k=k, max_tokens=max_tokens, system=system, warm_start=warm_start)
+        self.options = dict(sampling=sampling, k=k, max_tokens=max_tokens, system=system, warm_start=warm_start,
+                            tree=tree)
         self.chat_factory = chat_factory
         self.saver = Saver(store)
         self.resume = resume

@@ -62,6 +62,7 @@ class LiveStats:
             by_position = total.acceptance_by_position()
             plain = self._plain
             served = total.drafters()
+            trees, steps = total.tree_steps, total.n_steps
         # The window's α, tokens per target pass and decode tokens/s as localspec.decoding.stats defines
         # them (a pass that emitted nothing, the end-of-generation one, is no pass of the output).
         window = RunStats()
@@ -85,6 +86,10 @@ class LiveStats:
             # who served the passes, e.g. "M62 L30 P8", and who served the last one
             "served": stats_served(served) if served else None,
             "source_now": (recent[-1].source or "plain") if recent else None,
+            # steps that verified a draft tree (more than one branch), of all steps; and the last one
+            "tree_steps": trees,
+            "n_steps": steps,
+            "tree_now": bool(recent) and recent[-1].branches > 1,
         }
 
 
@@ -138,8 +143,11 @@ class Chat:
 
     def __init__(self, session, sampling: SamplingConfig, k: int | None = None,
                  max_tokens: int | None = None, system: str | None = None, k_max: int | None = None,
-                 warm_start: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+                 warm_start: bool = True, clock: Callable[[], float] = time.perf_counter,
+                 tree: str | tuple[int, ...] = "off") -> None:
         self.session = session
+        self.tree = tree
+        """Draft trees of every reply (`DecodeConfig.tree`); the session's models hold its n_seq."""
         self.clock = clock   # a test's scripted chat gives a fake one, so its numbers are fixed
         self.sampling = sampling
         self.k = k
@@ -239,7 +247,8 @@ class Chat:
         drafter = self._drafter(kind)
         controller = self._controllers.get(drafter, sampling.temperature)
         # No cap: the context bounds the reply (the decoder ends it there, finish "context").
-        decode = DecodeConfig(max_tokens=self.max_tokens or self.session.target.n_ctx, k=self.k, k_max=self.k_max)
+        decode = DecodeConfig(max_tokens=self.max_tokens or self.session.target.n_ctx, k=self.k, k_max=self.k_max,
+                              tree=self.tree)
         parts: list[str] = []
         run = RunStats()
         finish = "stop"

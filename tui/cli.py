@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
 def chat(
     options: dict = None,
     k: o.DraftTokens = None,
+    tree: o.Tree = o.TREE_DEFAULT,
     max_tokens: Optional[int] = typer.Option(
         None, "--max-tokens", show_default=False,
         help="Stop a reply after this many tokens (default: no cap; a reply runs until the model stops or the "
@@ -42,7 +43,7 @@ def chat(
 
     store = None
     try:
-        opts = o.resolve(options, k=k)
+        opts = o.resolve(options, k=k, tree=tree)
         # validates --max-tokens (when given) and -k now, in one line
         DecodeConfig(**({} if max_tokens is None else {"max_tokens": max_tokens}), k=opts.k)
         system = None if system is None else o.utf8(system, "--system")
@@ -64,7 +65,7 @@ def chat(
     from .app import ChatApp   # Textual is imported only when the chat really starts
 
     app = ChatApp(opts.load, opts.sampling, k=opts.k, max_tokens=max_tokens, system=system,
-                  warm_start=not no_warm_start, store=store, resume=conversation)
+                  warm_start=not no_warm_start, store=store, resume=conversation, tree=opts.tree)
     # The reply worker needs the GIL back after every llama.cpp call; with Python's default 5 ms
     # switch interval a busy UI thread (Markdown of a long paragraph) held it so long that a
     # reply streamed at half of `generate`'s speed (measured: 0.51x, and 0.81x with 0.5 ms).

@@ -42,6 +42,8 @@ def reply_stats(reply, chat, sampling, k) -> dict:
             "seconds": round(reply.seconds, 3), "decode_seconds": round(run.seconds, 3), "finish": reply.finish,
             "n_prompt_tokens": reply.n_prompt, "cached_tokens": reply.cached,
             **({"continued": True} if reply.continued else {}),
+            # steps that verified a draft tree, of all the reply's steps: only when one did
+            **({"tree_steps": run.tree_steps, "n_steps": run.n_steps} if run.tree_steps else {}),
             "k": "auto" if k is None else k, "drafter": reply.drafter, **sampling.record(),
             "target": str(session.target.path),
             "draft": None if session.draft is None else str(session.draft.path)}

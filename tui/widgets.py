@@ -64,6 +64,15 @@ def k_label(view: dict, settings: dict) -> str:
     return f"{'—' if view['k_now'] is None else view['k_now']} ({mode}){by}"
 
 
+def tree_row(view: dict) -> list[tuple[str, str]]:
+    """("tree steps", "3/20"): the steps that verified a draft tree, of all steps, with a mark when
+    the last one did; no row before a step verified one (chains only look as they always did)."""
+    trees = view.get("tree_steps") or 0
+    if not trees:
+        return []
+    return [("tree steps", f"{trees}/{view['n_steps']}" + (" ◆" if view.get("tree_now") else ""))]
+
+
 def panel_rows(view: dict, settings: dict) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(rows above the sparkline, rows below it) as (label, value)."""
     above = [
@@ -74,6 +83,7 @@ def panel_rows(view: dict, settings: dict) -> tuple[list[tuple[str, str]], list[
     below = [
         ("k now", k_label(view, settings)),
         ("steps by", view.get("served") or "—"),
+        *tree_row(view),
         ("tokens/pass", fmt(view["tokens_per_pass"])),
         # decode only (no prefill), over the last 32 passes; the note under a reply has both kinds
         ("decode tok/s", fmt(view["tps"], ".1f")),
@@ -116,6 +126,7 @@ def compact(view: dict, settings: dict) -> Text:
         ("by pos", bars(view["by_position"], 8)),
         ("drafter", settings["drafter"]),
         ("steps", view.get("served") or "—"),
+        *(("tree", value) for _, value in tree_row(view)),
     ):
         text.append(f"{label} ", style="dim")
         text.append(f"{value}  ", style="bold")

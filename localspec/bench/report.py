@@ -14,6 +14,9 @@ from localspec.decoding.controller import expected_tokens
 from localspec.decoding.stats import RunStats, positions_tested, served
 from localspec.loading.controllers import k_max_for
 
+TREE_SUFFIX = "+tree"
+"""A tree variant's key: its chain twin's key and this (`auto+tree`, `model:4+tree`, `2+tree`)."""
+
 
 def version(package: str) -> str | None:
     try:
@@ -145,7 +148,11 @@ def group(runs: list, variants: list, members: set[int], greedy: bool) -> dict:
             "greedy_match": _matches(of(v), plain_by, greedy),
             "drafters": st.drafters(),
             "accepted_from": dict(st.accepted_from),
+            "tree": st.tree(v.tree),
+            "chain": v.chain,
         })
+        chain_runs = [r for r in mine if r.variant.kind == "spec" and r.variant.key == v.chain]
+        s["against_chain"] = _against_chain(s, spec.get(v.chain), of(v), chain_runs)
         spec[v.key] = s
     reference = None
     if any(v.kind == "reference" for v in variants):
@@ -171,6 +178,18 @@ def group(runs: list, variants: list, members: set[int], greedy: bool) -> dict:
     for s in (plain, *spec.values()):
         del s["_stats"]
     return {"n_prompts": len({r.prompt for r in plain_runs}), "plain": plain, "spec": spec, "reference": reference}
+
+
+def _against_chain(s: dict, chain: dict | None, runs: list, chain_runs: list) -> dict | None:
+    """A tree variant (`s`, its `runs`) against its chain twin, run beside it on the same prompts
+    and seeds; None for a chain (`chain` None)."""
+    if chain is None:
+        return None
+    return {
+        "tokens_per_second": _ratio(s["tokens_per_second"], chain["tokens_per_second"]),
+        "tokens_per_second_median": _median_speedup(runs, chain_runs),
+        "tokens_per_step": _ratio(s["tokens_per_step"], chain["tokens_per_step"]),
+    }
 
 
 def run_json(run, prompts: list) -> dict:
@@ -225,7 +244,7 @@ def format_report(report: dict) -> str:
         f"{c['threads']} thread{'' if c['threads'] == 1 else 's'} · {'chat template' if c['chat'] else 'raw prompts'}",
     ]
     for key in report["overall"]["spec"]:
-        lines += ["", "speculative " + variant_label(key, c["drafter"])]
+        lines += ["", "speculative " + variant_label(key, c["drafter"], c.get("tree"))]
         rows = [["category", "n", "α", "draft eff", "acc len", "tok/pass", "steps by", "plain t/s", "spec t/s",
                  "speedup (median)", "bound (k)", "p50/p99 ms", "draft/verify/py %", "verify ms/step", "host ms/step (/row)", "draft host ms/tok"]]
         for group, g in _groups(report):
@@ -260,6 +279,7 @@ def format_report(report: dict) -> str:
                      f"{_f(o['plain']['latency_ms']['p99'])} ms · prefill {_prefill(o['plain'])} plain, "
                      f"{_prefill(s)} spec{match}")
     lines += _auto_table(report)
+    lines += _tree_table(report)
     lines += _lost(report)
     ref = report["overall"]["reference"]
     if ref:
@@ -290,7 +310,9 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def variant_label(key: str, drafter: str) -> str:
+def variant_label(key: str, drafter: str, tree: str | None = None) -> str:
+    if key.endswith(TREE_SUFFIX):   # a tree variant: its chain twin's label, and the tree setting
+        return f"{variant_label(key.removesuffix(TREE_SUFFIX), drafter)} · tree {tree}"
     if drafter == "auto":   # keys are "model", "lookup", "auto", or those with ":k"
         name, _, k = key.partition(":")
         return f"{name}, k={k or 'auto'}" + ("" if k else " (adaptive, one controller across the suite)")
@@ -320,6 +342,30 @@ def _auto_table(report: dict) -> list[str]:
                          _f(_ratio(a["tokens_per_second"], m["tokens_per_second"]), ".2f") + "×",
                          served(a["drafters"])])
         lines += ["", f"auto against each drafter alone ({auto})"] + _table(rows)
+    return lines
+
+
+def _tree_table(report: dict) -> list[str]:
+    """Each tree variant against its chain twin, per category: whether the trees paid."""
+    lines: list[str] = []
+    for key, s in report["overall"]["spec"].items():
+        chain = s.get("chain")
+        if chain is None:
+            continue
+        rows = [["category", "chain t/s", "tree t/s", "× chain (median)", "chain tok/pass", "tree tok/pass",
+                 "× chain", "tree steps", "nodes/verify", "accepted depth"]]
+        for group, g in _groups(report):
+            t, ch = g["spec"][key], g["spec"][chain]
+            vs, tr = t["against_chain"], t["tree"]
+            rows.append([group, _f(ch["tokens_per_second"]), _f(t["tokens_per_second"]),
+                         f"{_f(vs['tokens_per_second'], '.2f')}× ({_f(vs['tokens_per_second_median'], '.2f')}×)",
+                         _f(ch["tokens_per_step"], ".2f"), _f(t["tokens_per_step"], ".2f"),
+                         _f(vs["tokens_per_step"], ".2f") + "×", f"{tr['tree_steps']}/{t['n_steps']}",
+                         _f(tr["mean_nodes"], ".1f"), _f(tr["mean_accepted_depth"], ".2f")])
+        ranks = " ".join(_f(a, ".2f") for a in s["tree"]["acceptance_by_rank"]) or "—"
+        lines += ["", f"tree against chain ({key} against {chain}; tree steps = steps that verified more than "
+                      "one branch, nodes and accepted depth over those)"] + _table(rows)
+        lines.append(f"acceptance by sibling rank (0 = first choice): {ranks}")
     return lines
 
 

@@ -8,6 +8,11 @@ into the draft) is timed apart; decoding is timed as wall-clock seconds from the
 last, and tokens/s = generated tokens / those seconds. A short warm-up run per variant comes first
 and is not counted.
 
+With `--tree` other than off, the session's speculative variants run twice, interleaved like the
+rest: as chains (tree off) and with that tree setting (key `<k>+tree`); the report sets each tree
+variant against its chain twin. Under --drafter auto only auto's variants get a tree twin (the
+drafters alone stay chains, to judge auto's choice).
+
 Each speculative variant keeps ONE `KController` for the whole suite (all prompts, all repeats), as a
 long-running server or chat session would: learned costs and acceptance carry over from prompt to
 prompt, and its final state is reported. Plain and speculative runs of a prompt use the same seed
@@ -26,10 +31,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.loading import controllers, warmstart
-from .report import group, run_json, version
+from .report import TREE_SUFFIX, group, run_json, version
 from localspec.config import MAX_DRAFT, ConfigError, DecodeConfig, SamplingConfig
 from localspec.decoding.controller import KController
 from localspec.decoding.decoder import Step, generate_steps
+from localspec.decoding.stats import tree_label
 from localspec.loading.defaults import MAX_PROMPT_BYTES, read_capped, shown
 from localspec.machine import load_1min, usable_cpus
 
@@ -155,6 +161,8 @@ class Variant:
                                # "lookup", "auto", or "model:4"...); reference: "plain" or "lookup"
     k: int | None = None       # spec: fixed k (None = adaptive); reference: lookup num_pred_tokens
     drafter: str | None = None  # spec: the drafter; None = the session's
+    tree: str | tuple[int, ...] = "off"   # spec: draft trees (`DecodeConfig.tree`)
+    chain: str | None = None   # a tree variant: the key of its chain twin (tree off), run beside it
 
     @property
     def name(self) -> str:
@@ -186,16 +194,28 @@ class BenchOptions:
     warm_start: bool = True
     """Adaptive variants start from what earlier runs on this pair and machine learned (and the
     suite's result is saved for the next run), as `generate` does."""
+    tree: str | tuple[int, ...] = "off"
+    """--tree: besides its chain, each of the session drafter's variants runs with this tree
+    setting (`spec_variants`); the session's models must hold its `DecodeConfig.n_seq`."""
 
 
 SINGLES = ("model", "lookup")
 """With --drafter auto the bench also runs each drafter alone, to judge auto's choice against."""
 
 
-def spec_variants(drafter: str, ks: Sequence[int | None]) -> list[Variant]:
+def spec_variants(drafter: str, ks: Sequence[int | None], tree: str | tuple[int, ...] = "off") -> list[Variant]:
+    """One chain variant per k (per drafter under auto); with `tree` not off, each of the session
+    drafter's (auto's, under auto) followed by its tree twin."""
     if drafter != "auto":
-        return [Variant("spec", "auto" if k is None else str(k), k) for k in ks]
-    return [Variant("spec", d if k is None else f"{d}:{k}", k, d) for k in ks for d in (*SINGLES, "auto")]
+        chains = [Variant("spec", "auto" if k is None else str(k), k) for k in ks]
+    else:
+        chains = [Variant("spec", d if k is None else f"{d}:{k}", k, d) for k in ks for d in (*SINGLES, "auto")]
+    out = []
+    for v in chains:
+        out.append(v)
+        if tree != "off" and v.drafter in (None, "auto"):
+            out.append(replace(v, key=v.key + TREE_SUFFIX, tree=tree, chain=v.key))
+    return out
 
 
 def _run_local(session, v: Variant, prompt: list[int], sampling: SamplingConfig, max_tokens: int,
@@ -203,7 +223,7 @@ def _run_local(session, v: Variant, prompt: list[int], sampling: SamplingConfig,
     target = session.target
     drafter = session.make_drafter(v.drafter) if v.kind == "spec" else None
     decode = DecodeConfig(max_tokens=max_tokens, k=v.k if v.kind == "spec" else 0,
-                          k_max=controllers.k_max_for(v.k))
+                          k_max=controllers.k_max_for(v.k), tree=v.tree)
     target.reset()
     t0 = time.perf_counter()
     target.sync(prompt[:-1])
@@ -247,7 +267,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         session.check_fits(toks, f"prompt {p.source}")
         encoded.append(toks)
     base_seed = opts.sampling.seed if opts.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-    variants = [Variant("plain", "plain")] + spec_variants(session.drafter_kind, opts.ks)
+    variants = [Variant("plain", "plain")] + spec_variants(session.drafter_kind, opts.ks, opts.tree)
 
     def controller(v: Variant, warmed: dict[str, bool] | None = None) -> KController:
         # The variant's drafter is made anew for each run (`_run_local`); this one only tells
@@ -301,7 +321,10 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
             progress(done, total, "done")
         if opts.warm_start:
             saved = set()
-            for v in variants:   # the adaptive variants; auto's record is the model's (one of them)
+            # the adaptive variants (a tree variant in its chain's place: the commands run with
+            # trees); auto's record is the model's (one of them)
+            twins = {v.chain: v for v in variants if v.chain}
+            for v in (twins.get(v.key, v) for v in variants if not v.chain):
                 name = v.drafter or session.drafter_kind
                 if v.kind == "spec" and v.k is None and warmstart.record_name(name) not in saved:
                     saved.add(warmstart.record_name(name))
@@ -321,6 +344,7 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
             "max_tokens": opts.max_tokens,
             "repeat": opts.repeat,
             "k": ["auto" if k is None else k for k in opts.ks],
+            "tree": tree_label(opts.tree),
             "k_max": controllers.k_max_for(None),   # the adaptive variants'; a fixed k above it raises its own
             "n_ctx": target.n_ctx,
             "threads": target.n_threads,

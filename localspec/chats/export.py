@@ -86,6 +86,9 @@ def stats_line(stats: dict | None) -> str:
         parts.append(f"{decode:.1f} tokens/s decode" + ("" if wall is None else f" ({wall:.1f} with prefill)"))
     elif wall is not None:
         parts.append(f"{wall:.1f} tokens/s with prefill")
+    trees, steps = stats.get("tree_steps"), stats.get("n_steps")
+    if isinstance(trees, int) and trees > 0 and isinstance(steps, int):
+        parts.append(f"tree {trees}/{steps} steps")
     for key in ("k", "drafter", "temperature"):
         if stats.get(key) is not None:
             parts.append(f"{key} {stats[key]}")

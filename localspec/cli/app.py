@@ -73,6 +73,7 @@ def generate(
     prompt: str = typer.Argument(..., help="The prompt; '-' reads it from stdin."),
     options: dict = None,
     k: o.DraftTokens = None,
+    tree: o.Tree = o.TREE_DEFAULT,
     max_tokens: o.MaxTokens = 256,
     chat: o.ChatTemplate = True,
     special: bool = typer.Option(
@@ -93,8 +94,8 @@ def generate(
     system = None if system is None else o.utf8(system, "--system")
     stop = [o.utf8(s, "--stop") for s in stop or ()]
     try:
-        opts = o.resolve(options, k=k)
-        decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop))
+        opts = o.resolve(options, k=k, tree=tree)
+        decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop), tree=opts.tree)
         _generate(text, opts, decode, chat, system, as_json, warm=not no_warm_start, special=special)
     except (ConfigError, EngineError) as e:
         fail(e)
@@ -157,6 +158,7 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
         "drafter": session.drafter_kind,
         "step_drafters": stats.sources,
         "k": "auto" if decode.k is None else decode.k,
+        "tree": stats.tree(decode.tree),
         **opts.sampling.record(),
         "target": str(target.path),
         "draft": str(session.draft.path) if session.draft else None,
@@ -180,9 +182,12 @@ def summary_line(r: dict) -> str:
     drafter = r["drafter"]
     if len(r.get("drafters") or {}) > 1:   # say who served the steps when more than one did
         drafter += " (" + ", ".join(f"{name} {d['share']:.0%}" for name, d in r["drafters"].items()) + " of steps)"
+    tree = r["tree"]   # the steps that verified a tree, when any did
+    trees = f" ({tree['tree_steps']} of {r['n_steps']} steps)" if tree["tree_steps"] else ""
     return (
         f"α {alpha} · draft efficiency {eff} · {r['tokens_per_step'] or 0:.2f} tokens/target pass · "
-        f"{tps:.1f} tokens/s · {r['n_steps']} steps · {r['n_tokens']} tokens · drafter {drafter} · k {r['k']}"
+        f"{tps:.1f} tokens/s · {r['n_steps']} steps · {r['n_tokens']} tokens · drafter {drafter} · k {r['k']} · "
+        f"tree {tree['setting']}{trees}"
     )
 
 

@@ -39,6 +39,10 @@ def register(app: typer.Typer) -> None:
             None, "-k", "--draft-tokens",
             help="Draft tokens per step: N, 'auto' (default), or a sweep like 1,2,4,8 (one variant each).",
         ),  # a sweep: its own declaration
+        tree: str = typer.Option(
+            o.TREE_DEFAULT, "--tree",
+            help="Draft trees: auto, off or SHAPE, as for generate. Not off: each speculative variant (auto's, "
+                 "under --drafter auto) runs twice, interleaved, as chains and with trees, set against each other."),
         max_tokens: o.MaxTokens = 128,
         chat: o.ChatTemplate = True,
         prompts: Optional[str] = typer.Option(
@@ -70,7 +74,7 @@ def register(app: typer.Typer) -> None:
             if compare is not None and compare not in bench.COMPARE:
                 raise ConfigError(f"--compare must be one of: {', '.join(bench.COMPARE)}; got {o.shown(compare)}")
             suite = bench.select_categories(bench.load_prompts(prompts), category)
-            opts = o.resolve(options)  # -k is a sweep here, parsed above
+            opts = o.resolve(options, tree=tree)  # -k is a sweep here, parsed above
             if ks is None:
                 ks = [opts.k] if opts.k else [None]  # a preset's k, else adaptive
             if opts.load.drafter == "none":
@@ -80,7 +84,7 @@ def register(app: typer.Typer) -> None:
             session = Session.load(opts.load)
             options = bench.BenchOptions(
                 sampling=opts.sampling, ks=tuple(ks), max_tokens=max_tokens, repeat=repeat, chat=chat,
-                compare=compare, warmup=warmup, warm_start=not no_warm_start,
+                compare=compare, warmup=warmup, warm_start=not no_warm_start, tree=opts.tree,
             )
             with _progress_bar() as progress:
                 report = bench.run_bench(session, suite, options, prompts_file=prompts, progress=progress,

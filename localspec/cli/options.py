@@ -18,7 +18,7 @@ from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
 
 import typer
 
-from localspec.config import MAX_DRAFT, NEEDS_DRAFT, ConfigError, SamplingConfig
+from localspec.config import MAX_BRANCHES, MAX_DRAFT, NEEDS_DRAFT, ConfigError, DecodeConfig, SamplingConfig, parse_tree
 from localspec.loading.defaults import MAX_SHOWN, TARGET_FILE, shown
 
 Target = Annotated[Optional[str], typer.Option(
@@ -28,6 +28,12 @@ Drafter = Annotated[Optional[str], typer.Option(
     "--drafter", help="auto | model | lookup | none (default: auto when a draft is available, else lookup).")]
 DraftTokens = Annotated[Optional[str], typer.Option(
     "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default).")]
+TREE_DEFAULT = "auto"
+"""--tree when not given, on generate, chat, serve and bench (doctor measures chains)."""
+Tree = Annotated[str, typer.Option(
+    "--tree", help=(f"Draft trees: auto (the controller chooses per step), off (chains only), or SHAPE, the "
+                    f"branching per depth: 3,2,1,1 = 3 children of the root, 2 under each of those, then "
+                    f"chains; at most {MAX_BRANCHES} branches."))]
 # The sampling defaults are SamplingConfig's, which `resolve_options` applies.
 Temperature = Annotated[Optional[float], typer.Option(
     "--temperature", help=f"0 = greedy (default {SamplingConfig.temperature:g}).")]
@@ -229,6 +235,9 @@ class Resolved:
     """Sampling, with a seed drawn when none was given."""
     k: int | None
     """Fixed draft tokens per step, or None for the adaptive controller."""
+    tree: str | tuple[int, ...] = "off"
+    """Draft trees (`config.parse_tree`): "off", "auto" or a shape; `load` gives both models the
+    sequences it needs (`DecodeConfig.n_seq`)."""
 
 
 def resolve(args: Mapping[str, Any], **override: Any) -> Resolved:
@@ -253,8 +262,10 @@ def resolve_options(
     threads: int | None,
     target_gpu_layers: int | None,
     draft_gpu_layers: int | None,
+    tree: str | None = None,
 ) -> Resolved:
-    """Shared by every command, so that every command reads options the same way."""
+    """Shared by every command, so that every command reads options the same way. `tree` is the
+    --tree value; None (a command without the option: doctor) is "off"."""
     from localspec.loading.session import LoadConfig
 
     base = SamplingConfig()
@@ -274,6 +285,7 @@ def resolve_options(
     pick = lambda given, default: default if given is None else given  # noqa: E731
     if seed is not None and seed < -1:
         raise ConfigError(f"seed must be >= 0, or -1 for a random one; got {seed}")
+    tree_value = "off" if tree is None else parse_tree(tree)
     threads = _usable_threads(threads)
     sampling = SamplingConfig(
         temperature=pick(temperature, base.temperature),
@@ -290,9 +302,10 @@ def resolve_options(
         threads=threads,
         target_gpu_layers=pick(target_gpu_layers, -1),
         draft_gpu_layers=pick(draft_gpu_layers, -1),
+        n_seq=DecodeConfig(tree=tree_value).n_seq,
     )
     k_value = parse_k(k) if k is not None else (p.k if p is not None else None)
-    return Resolved(load, sampling, k_value)
+    return Resolved(load, sampling, k_value, tree_value)
 
 
 

@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
     def serve_command(
         options: dict = None,
         k: o.DraftTokens = None,
+        tree: o.Tree = o.TREE_DEFAULT,
         max_tokens: int = typer.Option(256, "--max-tokens", help="Default max_tokens of a request."),
         host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
         port: int = typer.Option(8080, "--port", help="Port to listen on (0 = any free port)."),
@@ -36,6 +37,7 @@ def register(app: typer.Typer) -> None:
         from dataclasses import replace
 
         from localspec.config import ConfigError, DecodeConfig
+        from localspec.decoding.stats import tree_label
         from localspec.engine import EngineError
 
         try:
@@ -55,12 +57,12 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"--max-queue must be >= 0, got {max_queue}")
             if api_key is not None and not api_key.strip():
                 raise ConfigError("--api-key must not be empty")
-            opts = o.resolve(options, k=k)
+            opts = o.resolve(options, k=k, tree=tree)
             DecodeConfig(max_tokens=max_tokens, k=opts.k)   # validates --max-tokens and -k now
             # One core for the event loop (o.RESERVE), as chat leaves one to its screen.
             opts = replace(opts, load=replace(opts.load, reserve_cores=o.RESERVE["serve"][0]))
             seed = options["seed"] if options["seed"] is not None and options["seed"] >= 0 else None
-            defaults = Defaults(opts.sampling, max_tokens=max_tokens, k=opts.k, seed=seed)
+            defaults = Defaults(opts.sampling, max_tokens=max_tokens, k=opts.k, seed=seed, tree=opts.tree)
             try:
                 sock = serve_http.listen(host, port)
             except OSError as e:
@@ -74,6 +76,7 @@ def register(app: typer.Typer) -> None:
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             typer.echo(f"localspec serve: http://{shown}:{bound_port}/v1 · model {server.model_id} · "
                        f"drafter {session.drafter_kind} · k {'auto' if opts.k is None else opts.k} · "
+                       f"tree {tree_label(opts.tree)} · "
                        f"threads {session.target.n_threads} · Ctrl-C stops", err=True)
             serve_http.run(server, sock)
         except (ConfigError, EngineError) as e:

@@ -12,6 +12,10 @@ tested draft positions, where a step tests its drafted positions up to and inclu
 rejection (the rule stops there). Draft efficiency is accepted / drafted: it also counts the
 positions after a rejection, drafted but never tested, so it is lower than α whenever a rejection
 comes before the last drafted position. Every report shows α with this one definition.
+
+A draft tree (a step with `branches` > 1) counts in α and by position by its depth: `n_drafted` is
+the tree's depth, `n_accepted` the accepted depth. `tree()` adds what only trees have: how many
+steps verified one, their nodes per verify, their accepted depth, and acceptance by sibling rank.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ by the model, P plain."""
 def served(drafters: dict) -> str:
     """Share of steps each source served (`RunStats.drafters`), e.g. "M62 L30 P8"."""
     return " ".join(f"{SOURCE_LETTER.get(s, s)}{100 * d['share']:.0f}" for s, d in drafters.items()) or "—"
+
+
+def tree_label(setting: str | tuple[int, ...]) -> str:
+    """A `--tree` setting as the outputs write it: "off", "auto" or its shape, e.g. "3,2,1,1"."""
+    return ",".join(map(str, setting)) if isinstance(setting, tuple) else str(setting)
 
 
 def positions_tested(n_drafted: int, n_accepted: int) -> int:
@@ -76,6 +85,15 @@ class RunStats:
     accepted_from: dict[str, int] = field(default_factory=dict)
     steps_by: dict[str, int] = field(default_factory=dict)
     tokens_by: dict[str, int] = field(default_factory=dict)
+    # Draft nodes verified (every node of a tree, the drafted tokens of a chain); the steps that
+    # verified a tree (more than one branch), their nodes and accepted depth; and per sibling rank
+    # (0 = first choice), the proposals the rule tried and accepted, over all steps.
+    n_nodes: int = 0
+    tree_steps: int = 0
+    tree_nodes: int = 0
+    tree_depth: int = 0
+    rank_tried: list[int] = field(default_factory=list)
+    rank_accepted: list[int] = field(default_factory=list)
 
     def add(self, step: Step) -> None:
         # A stop string may take back tokens of earlier passes (step.withdrawn): they are not output.
@@ -98,6 +116,7 @@ class RunStats:
         self.n_accepted += step.n_accepted
         self.n_tested += positions_tested(step.n_drafted, step.n_accepted)
         self.n_from_draft += sum(step.from_draft)
+        self._add_tree(step)
         source = step.source or "plain"
         self.sources.append(source)
         self.steps_by[source] = self.steps_by.get(source, 0) + 1
@@ -125,6 +144,21 @@ class RunStats:
         self.step_tokens.append(max(made, 0))
         if step.finish:
             self.finish = step.finish
+
+    def _add_tree(self, step: Step) -> None:
+        nodes = step.n_nodes or step.n_drafted   # a chain's nodes are its drafted tokens
+        self.n_nodes += nodes
+        if step.branches > 1:
+            self.tree_steps += 1
+            self.tree_nodes += nodes
+            self.tree_depth += step.n_accepted
+        for rank, accepted in step.sibling_trials:
+            if rank >= len(self.rank_tried):
+                grow = rank + 1 - len(self.rank_tried)
+                self.rank_tried += [0] * grow
+                self.rank_accepted += [0] * grow
+            self.rank_tried[rank] += 1
+            self.rank_accepted[rank] += bool(accepted)
 
     @property
     def seconds(self) -> float:
@@ -161,14 +195,14 @@ class RunStats:
         """Host time (everything in a step outside llama.cpp's decode calls), in two parts: the
         target side (processing the verified rows, acceptance, bookkeeping) per step and per
         verified row, and the draft side (turning each drafted row into a token) per drafted token."""
-        rows = self.n_steps + self.n_drafted  # each step verifies its drafts plus one
+        rows = self.n_steps + self.n_nodes  # each step verifies its draft nodes plus one
         ms = lambda t, n: 1000 * t / n if n else None  # noqa: E731
         return {
             "target_seconds": self.t_python,
             "draft_seconds": self.t_draft_host,
             "target_ms_per_step": ms(self.t_python, self.n_steps),
             "target_ms_per_row": ms(self.t_python, rows),
-            "draft_ms_per_token": ms(self.t_draft_host, self.n_drafted),
+            "draft_ms_per_token": ms(self.t_draft_host, self.n_nodes),   # a tree drafts every node
         }
 
     @property
@@ -192,6 +226,24 @@ class RunStats:
         """Per draft position i: share of the steps that drafted position i in which it (and so
         every position before it) was accepted."""
         return [a / d for a, d in zip(self.accepted_at, self.drafted_at) if d]
+
+    def acceptance_by_rank(self) -> list[float | None]:
+        """Per sibling rank r = 0, 1, …: accepted / tried proposals of that rank (None: never tried).
+        Rank 0 is a chain's every proposal and a tree's first choice; rank r is tried only after
+        the r siblings before it were rejected."""
+        return [a / t if t else None for a, t in zip(self.rank_accepted, self.rank_tried)]
+
+    def tree(self, setting: str | tuple[int, ...] | None = None) -> dict:
+        """Draft trees: `tree_steps` (steps that verified more than one branch), `mean_nodes` (draft
+        nodes per verify) and `mean_accepted_depth` over those steps (None without one), and
+        `acceptance_by_rank`; with `setting` (the `--tree` value) first, as `setting`."""
+        mean = lambda x: x / self.tree_steps if self.tree_steps else None  # noqa: E731
+        return ({} if setting is None else {"setting": tree_label(setting)}) | {
+            "tree_steps": self.tree_steps,
+            "mean_nodes": mean(self.tree_nodes),
+            "mean_accepted_depth": mean(self.tree_depth),
+            "acceptance_by_rank": self.acceptance_by_rank(),
+        }
 
     def latency_percentiles(self, qs=(50, 99)) -> dict[str, float | None]:
         """Inter-token latency percentiles in seconds."""

@@ -46,6 +46,9 @@ class LoadConfig:
     """Target layers offloaded to the GPU (-1 = all)."""
     draft_gpu_layers: int = -1
     """Draft layers offloaded to the GPU (-1 = all)."""
+    n_seq: int = 1
+    """Sequences of each model's KV cache: the branches a draft tree needs (`DecodeConfig.n_seq`);
+    1 for chains only. Both models get it, the target also for prompt lookup's trees."""
 
     def __post_init__(self) -> None:
         if self.drafter is not None and self.drafter not in DRAFTERS:
@@ -60,6 +63,8 @@ class LoadConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.reserve_cores < 0:
             raise ConfigError(f"reserve_cores must be >= 0, got {self.reserve_cores}")
+        if self.n_seq < 1:
+            raise ConfigError(f"n_seq must be >= 1, got {self.n_seq}")
 
 
 def resolve_files(cfg: LoadConfig, notice: Callable[[str], None] | None = None) -> LoadConfig:
@@ -139,7 +144,7 @@ class Session:
         # the models load with the idle count and take the fitted one after (`_fit_threads`).
         loading = machine.sample()
         threads = cfg.threads or machine.choose_threads(None, cfg.reserve_cores, other=0.0).threads
-        target = _load(ModelConfig(target_path, cfg.n_ctx, threads, cfg.target_gpu_layers))
+        target = _load(ModelConfig(target_path, cfg.n_ctx, threads, cfg.target_gpu_layers, n_seq=cfg.n_seq))
         if target.recurrent and drafter != "none":
             target.close()
             # Rejected drafts must be removed from the cache; a recurrent state cannot be rewound.
@@ -150,7 +155,7 @@ class Session:
         draft = None
         if draft_path is not None:
             try:
-                draft = _load(ModelConfig(draft_path, cfg.n_ctx, threads, cfg.draft_gpu_layers))
+                draft = _load(ModelConfig(draft_path, cfg.n_ctx, threads, cfg.draft_gpu_layers, n_seq=cfg.n_seq))
                 vocab.check(target, draft)
             except BaseException:
                 if draft is not None:

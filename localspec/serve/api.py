@@ -47,6 +47,9 @@ class Defaults:
     k: int | None = None
     seed: int | None = None
     """The --seed given on the command line; None = a random seed per request."""
+    tree: str | tuple[int, ...] = "off"
+    """--tree: draft trees of every request ("off", "auto" or a shape; the session's models hold
+    the sequences it needs)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ def _decode(body: dict, defaults: Defaults) -> DecodeConfig:
         raise ApiError(f"at most {MAX_STOP} stop strings, got {len(stop)}", param="stop", code="invalid_value")
     try:
         return DecodeConfig(max_tokens=defaults.max_tokens if max_tokens is None else max_tokens,
-                            k=defaults.k, k_max=k_max_for(defaults.k), stop=tuple(stop))
+                            k=defaults.k, k_max=k_max_for(defaults.k), stop=tuple(stop), tree=defaults.tree)
     except ConfigError as e:
         raise ApiError(str(e), param=param, code="invalid_value") from None
 
