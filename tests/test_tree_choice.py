@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from localspec.config import MAX_TREE_NODES, DecodeConfig, ConfigError, parse_tree
-from localspec.decoding.controller.trees import (CANDIDATES, MIN_TRIALS, PROBE_EVERY, PROBE_SHAPE, SiblingRates,
+from localspec.decoding.controller.trees import (CANDIDATES, MIN_TRIALS, PROBE_EVERY, SiblingRates,
                                                  TreeChooser, expected_tokens, level_sizes)
 
 
@@ -55,16 +55,26 @@ def test_width_and_budget_bound_the_shapes():
 
 
 def test_probes_until_sibling_acceptance_is_known():
-    """Before MIN_TRIALS trials of rank 1 a small tree is tried every PROBE_EVERY decisions, even
-    where the estimate keeps the chain; afterwards only the estimate decides."""
+    """Before MIN_TRIALS trials of rank 1, where rows are cheap a tree is tried every PROBE_EVERY
+    decisions even while the estimate keeps the chain; afterwards only the estimate decides."""
+    c = TreeChooser()
+    cheap = curve(0.028, 0.0005)
+    for _ in range(MIN_TRIALS - 1):
+        c.observe("lookup", [(0, False), (1, False)])
+    shapes = [c.choose("lookup", 3, 8, [0.5] * 3, 0.0, 0.0, cheap) for _ in range(PROBE_EVERY * 9 * 3)]
+    probes = [s for s in shapes if s is not None]
+    assert 1 <= len(probes) <= 3
+    c.observe("lookup", [(0, False), (1, False)])
+    shapes = [c.choose("lookup", 3, 8, [0.5] * 3, 0.0, 0.0, cheap) for _ in range(PROBE_EVERY * 20)]
+    assert all(s is None for s in shapes)
+
+
+def test_no_probe_where_even_perfect_siblings_would_lose():
+    """A CPU-like verify cost (each row ~20 % of a pass): no tree could beat the chain, so none is
+    ever tried, not even to learn sibling acceptance."""
     c = TreeChooser()
     steep = curve(0.028, 0.0054)
-    shapes = [c.choose("lookup", 3, 8, [0.5] * 3, 0.0, 0.0, steep) for _ in range(PROBE_EVERY * 9 * 3)]
-    probes = [s for s in shapes if s == PROBE_SHAPE]
-    assert 1 <= len(probes) <= 3
-    for _ in range(MIN_TRIALS):
-        c.observe("lookup", [(0, False), (1, False)])
-    shapes = [c.choose("lookup", 3, 8, [0.5] * 3, 0.0, 0.0, steep) for _ in range(PROBE_EVERY * 20)]
+    shapes = [c.choose("model", 11, 8, [0.96] * 11, 0.12, 0.007, steep) for _ in range(PROBE_EVERY * 30)]
     assert all(s is None for s in shapes)
 
 

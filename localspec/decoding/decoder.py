@@ -131,6 +131,7 @@ def generate_steps(
         controller = KController(
             decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free)
         )
+    controller.tree_shape = decode.tree_shape   # a fixed shape: the k controller prices its trees
     context = list(prompt)
     produced = 0
     target.sync(context[:-1])

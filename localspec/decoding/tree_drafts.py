@@ -221,7 +221,8 @@ def learn_tree(drafter, controller, k: int, draft: Draft, path: Sequence[int], t
             sizes[_depth(tree, i) - 1] += 1
         extra = sum(n - 1 for n in sizes[:-1]) * controller.first_decode.extra(3)
         drafting, catchup = split_draft_time(controller, draft, t_draft)
-        controller.observe_draft(n_tested, min(n_acc, n_tested), max(drafting - extra, 0.0), catchup)
+        # every depth was drafted (and timed); the first proposals were tested up to n_tested
+        controller.observe_draft(tree.depth(), n_acc, max(drafting - extra, 0.0), catchup)
     elif source == "lookup":
         controller.lookup.observe(draft.classes[:n_tested], n_acc)
     lookup = drafter if isinstance(drafter, PromptLookup) else getattr(drafter, "lookup", None)

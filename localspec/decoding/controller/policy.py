@@ -76,6 +76,7 @@ class KController:
         self.lookup = LookupRates()
         self.first_decode = BatchCost()
         self.trees = TreeChooser()   # `--tree auto`: sibling acceptance, tree or chain
+        self.tree_shape: tuple[int, ...] | None = None   # a fixed --tree SHAPE (set by the decoder)
 
     @property
     def _verify(self) -> dict[int, float]:   # verify seconds by batch size (tests read it)
@@ -132,6 +133,9 @@ class KController:
         """(expected tokens, seconds) of one draft-model step for k = 0..k_top, as `choose` sees
         them; `optimism`: standard errors added to acceptance where it rests on few trials."""
         rates = self.acceptance.rates(k_top, optimism)
+        if self.tree_shape:   # a fixed --tree SHAPE: each k is priced as the tree it drafts
+            return self.trees.estimates(self.tree_shape, rates, self._draft_seconds(k_top),
+                                        self.first_decode.extra(3), self.verify_costs.curve)
         tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(rates))))
         return tokens, self._draft_seconds(k_top) + self.verify_costs.fitted()[:k_top + 1]
 

@@ -12,8 +12,9 @@ TREE_MARGIN; a chain is the tree with one branch, so on a machine where rows cos
 stays, and where they are nearly free (a GPU, a network round trip) siblings are added.
 
 Sibling acceptance is learned from every tree step's trials (`Step.sibling_trials`). Before it is
-known, a small tree is tried every PROBE_EVERY speculating steps, until MIN_TRIALS trials: on a
-machine where trees lose, that costs a few extra rows once in PROBE_EVERY steps.
+known (MIN_TRIALS trials of rank 1), every PROBE_EVERY decisions the tree that would be best if
+siblings were always accepted is tried, if there is one: on a machine where rows cost (a CPU)
+even that loses to the chain, so trees are never tried there.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ DECAY = 0.98               # each trial discounts a rank's older ones (the text 
 MIN_TRIALS = 12            # trials of rank 1 before the estimate alone decides (no more probes)
 PROBE_EVERY = 48           # speculating steps between probes while rank 1 is under MIN_TRIALS:
                            # smaller learns sooner, costs more on a machine where trees lose
-PROBE_SHAPE = (2,)         # the probe: a second child of the root, a chain below each
 TREE_MARGIN = 0.03         # a tree must beat the chain's estimated rate by this share: estimates
                            # are noisy, and a wrong switch costs more than a missed small gain
 RECHOOSE_EVERY = 8         # steps a decision is kept while k and the source stay the same
@@ -118,10 +118,18 @@ class TreeChooser:
         rates = self.rates[source]
         self._since_probe += 1
         if rates.trials[1] < MIN_TRIALS and self._since_probe >= PROBE_EVERY:
+            # A probe only where a tree could pay at all: with siblings that are always accepted.
+            # On a machine where rows cost (a CPU) none can, and trees are never tried.
             self._since_probe = 0
-            return PROBE_SHAPE
-        beta = rates.beta()
+            return self._best(k, width, first, draft_chain, row_cost, verify, np.ones(RANKS))
+        shape = self._best(k, width, first, draft_chain, row_cost, verify, rates.beta())
+        self._kept = (source, k, width, shape, RECHOOSE_EVERY)
+        return shape
 
+    @staticmethod
+    def _best(k, width, first, draft_chain, row_cost, verify, beta) -> tuple[int, ...] | None:
+        """The candidate shape whose estimated tokens per second beat the chain's by TREE_MARGIN
+        the most, or None."""
         def rate(shape) -> float:
             sizes = level_sizes(shape, k)
             extra = sum(n - 1 for n in sizes[:-1])   # rows the draft decodes beyond the chain's
@@ -135,8 +143,21 @@ class TreeChooser:
             r = rate(cand)
             if r > best:
                 best, shape = r, cand
-        self._kept = (source, k, width, shape, RECHOOSE_EVERY)
         return shape
+
+    def estimates(self, shape: Sequence[int], first: np.ndarray, draft: np.ndarray, row_cost: float,
+                  verify_curve) -> tuple[np.ndarray, np.ndarray]:
+        """(expected tokens, seconds) for k = 0..len(first) of a fixed shape's trees (the draft
+        model's sibling rates): what `KController.estimates` gives for chains. `draft[k]`: the
+        chain's drafting seconds; `verify_curve(top)`: seconds to verify 1..top rows."""
+        beta = self.rates["model"].beta()
+        k_top = len(first)
+        sizes = level_sizes(shape, k_top)
+        nodes = np.concatenate(([0], np.cumsum(sizes)))
+        verify = verify_curve(int(nodes[-1]) + 1)
+        tokens = np.array([expected_tokens(first, beta, shape, k) for k in range(k_top + 1)])
+        extra = np.concatenate(([0, 0], np.cumsum([n - 1 for n in sizes[:-1]])))[:k_top + 1]
+        return tokens, draft + row_cost * extra + verify[nodes]
 
     def snapshot(self) -> dict:
         return {s: r.snapshot() for s, r in self.rates.items()}
