@@ -173,6 +173,9 @@ def choose_shape(setting, controller, drafter, context, k: int, width: int) -> t
         return shape if tree_leaves(shape) > 1 else None
     if controller.starting() or controller.verify_cost(1) is None:
         return None   # nothing measured yet to compare a tree with
+    kept = controller.trees.kept(source, width)
+    if kept is not None:
+        return kept[0]   # the decision of a recent step with the same k: no curve to fit
     verify = controller.verify_curve(min(k * width, MAX_TREE_NODES) + 1)
     if source == "model":
         first = controller.acceptance.rates(k)
@@ -203,11 +206,18 @@ def propose_tree(drafter, context, k: int, shape: Sequence[int], sampling, rng) 
 
 def learn_tree(drafter, controller, k: int, draft: Draft, path: Sequence[int], trials, t_draft: float,
                t_verify: float) -> None:
-    """What a tree step teaches: the verify cost of its rows, the first-ranked proposals'
-    acceptance (as the chain's: the depths up to the first one a first-ranked child lost), sibling
-    acceptance by rank, and the draft cost of the chain part. The draft keeps the accepted branch."""
+    """What a tree step teaches: sibling acceptance by rank, the first-ranked proposals' acceptance
+    (as the chain's: the depths up to the first one a first-ranked child lost), and the cost of
+    its rows. With a fixed --tree SHAPE every step is a tree, and the k controller, which prices
+    those trees, learns their verify and draft costs; under --tree auto the chain's costs stay the
+    chain's (a tree's rows and levels would skew them) and the tree chooser keeps its own verify
+    timings by rows. The draft keeps the accepted branch."""
     tree = draft.tree
-    controller.observe_verify(len(tree) + 1, t_verify)
+    fixed = controller.tree_shape is not None
+    if fixed:
+        controller.observe_verify(len(tree) + 1, t_verify)
+    else:
+        controller.trees.observe_verify(len(tree) + 1, t_verify)
     firsts = [ok for rank, ok in trials if rank == 0]
     n_acc = next((i for i, ok in enumerate(firsts) if not ok), len(firsts))
     n_tested = min(n_acc + 1, len(firsts))
@@ -216,13 +226,16 @@ def learn_tree(drafter, controller, k: int, draft: Draft, path: Sequence[int], t
     model = model_of(drafter)
     if source == "model" and model is not None:
         model.settle(path)
-        sizes = [0] * tree.depth()
-        for i in range(len(tree)):
-            sizes[_depth(tree, i) - 1] += 1
-        extra = sum(n - 1 for n in sizes[:-1]) * controller.first_decode.extra(3)
-        drafting, catchup = split_draft_time(controller, draft, t_draft)
-        # every depth was drafted (and timed); the first proposals were tested up to n_tested
-        controller.observe_draft(tree.depth(), n_acc, max(drafting - extra, 0.0), catchup)
+        if fixed:
+            sizes = [0] * tree.depth()
+            for i in range(len(tree)):
+                sizes[_depth(tree, i) - 1] += 1
+            extra = sum(n - 1 for n in sizes[:-1]) * controller.first_decode.extra(3)
+            drafting, catchup = split_draft_time(controller, draft, t_draft)
+            # every depth was drafted (and timed); the first proposals were tested up to n_tested
+            controller.observe_draft(tree.depth(), n_acc, max(drafting - extra, 0.0), catchup)
+        else:
+            controller.acceptance.observe(tree.depth(), n_acc)
     elif source == "lookup":
         controller.lookup.observe(draft.classes[:n_tested], n_acc)
     lookup = drafter if isinstance(drafter, PromptLookup) else getattr(drafter, "lookup", None)

@@ -34,7 +34,8 @@ PROBE_EVERY = 48           # speculating steps between probes while rank 1 is un
                            # smaller learns sooner, costs more on a machine where trees lose
 TREE_MARGIN = 0.03         # a tree must beat the chain's estimated rate by this share: estimates
                            # are noisy, and a wrong switch costs more than a missed small gain
-RECHOOSE_EVERY = 8         # steps a decision is kept while k and the source stay the same
+RECHOOSE_EVERY = 8         # steps a decision is kept while the source stays the same: deciding
+                           # fits a verify curve (~0.1-0.3 ms), a few % of a small model's step
 
 # Shapes compared with the chain (then chains below their last entry).
 CANDIDATES = ((2,), (3,), (4,), (1, 2), (2, 2), (3, 2), (4, 2), (1, 1, 2), (2, 1, 2), (1, 2, 2),
@@ -97,7 +98,24 @@ class TreeChooser:
     def __init__(self) -> None:
         self.rates = {"model": SiblingRates(), "lookup": SiblingRates()}
         self._since_probe = 0
-        self._kept: tuple | None = None   # (source, k, width, shape or None, steps left)
+        self._kept: tuple | None = None   # (source, width, shape or None, steps left)
+        self.verify: dict[int, float] = {}   # seconds of a tree's verify by rows, measured here
+
+    def kept(self, source: str, width: int) -> tuple[tuple[int, ...] | None] | None:
+        """(the shape,) decided at a recent step with the same source and width, for
+        RECHOOSE_EVERY steps (each call uses one; k may have moved by one or two meanwhile, which
+        changes a tree's worth little); None when a decision is due."""
+        kept = self._kept
+        if kept and kept[:2] == (source, width) and kept[3] > 0:
+            self._kept = (*kept[:3], kept[3] - 1)
+            return (kept[2],)
+        return None
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        """A tree step's verify: kept here, apart from the chain's curve (under --tree auto)."""
+        if np.isfinite(seconds) and seconds > 0:
+            old = self.verify.get(rows)
+            self.verify[rows] = seconds if old is None else 0.75 * old + 0.25 * seconds
 
     def observe(self, source: str, trials) -> None:
         if source in self.rates:
@@ -111,10 +129,13 @@ class TreeChooser:
         branches the caches hold."""
         if source not in self.rates or k < 1 or width < 2:
             return None
-        kept = self._kept
-        if kept and kept[:3] == (source, k, width) and kept[4] > 0:
-            self._kept = (*kept[:4], kept[4] - 1)
-            return kept[3]
+        kept = self.kept(source, width)
+        if kept is not None:
+            return kept[0]
+        verify = np.array(verify, dtype=float)
+        for rows, seconds in self.verify.items():   # where a tree of that size was timed
+            if rows <= len(verify):
+                verify[rows - 1] = max(verify[rows - 1], seconds)
         rates = self.rates[source]
         self._since_probe += 1
         if rates.trials[1] < MIN_TRIALS and self._since_probe >= PROBE_EVERY:
@@ -123,7 +144,7 @@ class TreeChooser:
             self._since_probe = 0
             return self._best(k, width, first, draft_chain, row_cost, verify, np.ones(RANKS))
         shape = self._best(k, width, first, draft_chain, row_cost, verify, rates.beta())
-        self._kept = (source, k, width, shape, RECHOOSE_EVERY)
+        self._kept = (source, width, shape, RECHOOSE_EVERY)
         return shape
 
     @staticmethod
