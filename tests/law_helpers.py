@@ -139,6 +139,55 @@ def q_misaligned(draft, p, q, rng):
     return accept_sampled(draft, p, q, rng)
 
 
+def against_p(tree, p, rng):
+    """A wrong tree rule (`localspec.decoding.tree.accept_tree_sampled`'s signature): every sibling
+    tested against p itself, not the running residual (which is still built, and the last draw
+    comes from it): it skips the residual update between siblings."""
+    path, row = [], 0
+    while True:
+        base = r = p[row]
+        for c in tree.children[row]:
+            x = tree.tokens[c]
+            Q = tree.q[c] if tree.q is not None else None
+            p_x, q_x = base.prob(x), (Q.prob(x) if Q is not None else 1.0)
+            if p_x > 0.0 and (p_x >= q_x or rng.random() * q_x < p_x):
+                path.append(c)
+                row = c + 1
+                break
+            nxt = r.without(x) if Q is None else r.minus(Q)
+            if nxt.total > 0.0:
+                r = nxt
+        else:
+            return path, r.sample(rng)
+
+
+def no_residual_update(tree, p, rng):
+    """A wrong tree rule: every sibling tested against p itself, and the residual never updated
+    between siblings; after all are rejected the draw comes from p less the last one only (so an
+    earlier rejected sibling can be drawn again). Stronger than `against_p` where the first
+    sibling is unlikely under p (lookup's rivals on the tiny models of test_tree_decode)."""
+    q = tree.q
+    path, row = [], 0
+    while True:
+        r = p[row]
+        last = None
+        for c in tree.children[row]:
+            x = tree.tokens[c]
+            Q = q[c] if q is not None else None
+            r_x, q_x = r.prob(x), (Q.prob(x) if Q is not None else 1.0)
+            if r_x > 0.0 and (r_x >= q_x or rng.random() * q_x < r_x):
+                path.append(c)
+                row = c + 1
+                break
+            last = (x, Q)
+        else:
+            if last is None:
+                return path, r.sample(rng)
+            x, Q = last
+            res = r.without(x) if Q is None else r.minus(Q)
+            return path, (res if res.total > 0 else r).sample(rng)
+
+
 def dense_spy(rule, seen: list):
     """`rule`, noting the kinds of distribution it is handed (first target row, draft rows)."""
     def spy(draft, p, q, rng):

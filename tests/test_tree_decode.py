@@ -18,7 +18,7 @@ from localspec.decoding.auto import AutoDrafter
 from localspec.decoding.decoder import generate_steps
 from localspec.decoding.drafters import ModelDrafter, PromptLookup
 from localspec.engine import Model
-from tests.law_helpers import CFG, REPEATING, Target
+from tests.law_helpers import CFG, REPEATING, Target, no_residual_update
 from tests.test_exact_e2e import check as law_check
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -191,31 +191,6 @@ def tiny(tmp_path_factory):
             Model(ModelConfig(str(d_path), n_ctx=256, n_seq=WIDTH)) as d:
         prompts = {"model": t.tokenize(REPEATING), "lookup": rival_prompt(t)}
         yield t, d, {kind: Target(t, ids) for kind, ids in prompts.items()}
-
-
-def no_residual_update(tree, p, rng):
-    """Wrong: every sibling is tested against p itself; the residual is not updated between
-    siblings (only after the last rejection)."""
-    q = tree.q
-    path, row = [], 0
-    while True:
-        r = p[row]
-        last = None
-        for c in tree.children[row]:
-            x = tree.tokens[c]
-            Q = q[c] if q is not None else None
-            r_x, q_x = r.prob(x), (Q.prob(x) if Q is not None else 1.0)
-            if r_x > 0.0 and (r_x >= q_x or rng.random() * q_x < r_x):
-                path.append(c)
-                row = c + 1
-                break
-            last = (x, Q)
-        else:
-            if last is None:
-                return path, r.sample(rng)
-            x, Q = last
-            res = r.without(x) if Q is None else r.minus(Q)
-            return path, (res if res.total > 0 else r).sample(rng)
 
 
 def tree_runs(target, draft, refs, kind: str, shape: str, n: int):

@@ -31,7 +31,7 @@ from localspec.decoding.acceptance import accept_sampled
 from localspec.decoding.dists import Dense, Sparse
 from localspec.decoding import tree as tree_rule   # tested_ranks: imported by name, pytest would collect it
 from localspec.decoding.tree import DraftTree, accept_tree_greedy, accept_tree_sampled
-from tests.law_helpers import ALPHA, Check, chi2_check, chi2_critical
+from tests.law_helpers import ALPHA, Check, against_p, chi2_check, chi2_critical
 
 N = 12_000
 """Draws per chi-square case (every case and every wrong rule): ~190 per cell of a 64-cell joint."""
@@ -315,27 +315,6 @@ def cached_run(rule, name: str) -> Run:
 
 # --------------------------------------------------------------------------------------------
 # Wrong rules: variants of accept_tree_sampled, same signature
-
-
-def against_p(tree: DraftTree, p, rng):
-    """(a) Every sibling tested against p itself, not the running residual (which is still
-    built, and the last draw comes from it)."""
-    path, row = [], 0
-    while True:
-        base = r = p[row]
-        for c in tree.children[row]:
-            x = tree.tokens[c]
-            Q = tree.q[c] if tree.q is not None else None
-            p_x, q_x = base.prob(x), (Q.prob(x) if Q is not None else 1.0)
-            if p_x > 0.0 and (p_x >= q_x or rng.random() * q_x < p_x):
-                path.append(c)
-                row = c + 1
-                break
-            nxt = r.without(x) if Q is None else r.minus(Q)
-            if nxt.total > 0.0:
-                r = nxt
-        else:
-            return path, r.sample(rng)
 
 
 def q_not_updated(tree: DraftTree, p, rng):
