@@ -83,12 +83,20 @@ class DraftTree:
         """Node i's place among its siblings (0: proposed first)."""
         return self.children[self.parents[i] + 1].index(i)
 
-    def depth(self) -> int:
-        """Nodes on the longest branch."""
+    def level_sizes(self) -> list[int]:
+        """Nodes at depths 1, 2, … (a parent comes before its children, so one pass suffices)."""
         d = [0] * len(self.tokens)
+        sizes: list[int] = []
         for i, p in enumerate(self.parents):
             d[i] = 1 + (d[p] if p >= 0 else 0)
-        return max(d, default=0)
+            if d[i] > len(sizes):
+                sizes.append(0)
+            sizes[d[i] - 1] += 1
+        return sizes
+
+    def depth(self) -> int:
+        """Nodes on the longest branch."""
+        return len(self.level_sizes())
 
     def leaves(self) -> int:
         """Branches: nodes without children (1 for a chain, 0 for no draft)."""

@@ -227,9 +227,7 @@ def learn_tree(drafter, controller, k: int, draft: Draft, path: Sequence[int], t
     if source == "model" and model is not None:
         model.settle(path)
         if fixed:
-            sizes = [0] * tree.depth()
-            for i in range(len(tree)):
-                sizes[_depth(tree, i) - 1] += 1
+            sizes = tree.level_sizes()
             extra = sum(n - 1 for n in sizes[:-1]) * controller.first_decode.extra(3)
             drafting, catchup = split_draft_time(controller, draft, t_draft)
             # every depth was drafted (and timed); the first proposals were tested up to n_tested
@@ -241,14 +239,6 @@ def learn_tree(drafter, controller, k: int, draft: Draft, path: Sequence[int], t
     lookup = drafter if isinstance(drafter, PromptLookup) else getattr(drafter, "lookup", None)
     if isinstance(lookup, PromptLookup):
         lookup.forget()   # the next step looks up afresh
-
-
-def _depth(tree: DraftTree, i: int) -> int:
-    d = 1
-    while tree.parents[i] >= 0:
-        i = tree.parents[i]
-        d += 1
-    return d
 
 
 def as_chain(draft: Draft) -> Draft:
