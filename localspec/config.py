@@ -113,8 +113,13 @@ class ModelConfig:
     """Largest number of tokens handed to one llama_decode call (prefill is chunked by it)."""
     n_seq: int = 1
     """Sequences the KV cache holds (the branches of a draft tree, concurrent requests). Above 1
-    the cache is unified: its n_ctx cells are shared by all sequences, and a cell common to
-    several (a shared prefix) is stored once."""
+    the cache is unified unless `unified` is False: its n_ctx cells are shared by all sequences,
+    and a cell common to several (a shared prefix) is stored once."""
+    unified: bool = True
+    """With n_seq > 1: one pool of cells for all sequences (draft trees need it: a row may belong
+    to several sequences only there). False: each sequence has n_ctx / n_seq cells of its own
+    (llama.cpp's non-unified cache), so its attention never sums over another's cells, and its
+    logits do not depend on what other sequences hold (concurrent generations without trees)."""
 
     def __post_init__(self) -> None:
         if self.n_seq < 1:

@@ -184,7 +184,7 @@ def test_serve_keeps_one_controller_per_band_from_make(session, made, monkeypatc
     server = Server(session, Defaults(SAMPLING, k=None))
     try:
         drafter = session.make_drafter()
-        got = [server._controller(t, drafter) for t in (0.0, 0.7, 1.0, 0.0)]
+        got = [server._controller(0, t, drafter) for t in (0.0, 0.7, 1.0, 0.0)]
     finally:
         server.close()
     assert got[0] is got[3] and got[1] is got[2] and got[0] is not got[1]

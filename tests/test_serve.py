@@ -78,7 +78,7 @@ def wait_until(condition, what: str, seconds: float = 120) -> None:
 
 
 def wait_idle(served, seconds: float = 120) -> None:
-    wait_until(lambda: served.server._current is None and not served.server._waiting, "the server stayed busy",
+    wait_until(lambda: not served.server._running and not served.server._waiting, "the server stayed busy",
                seconds)
 
 
@@ -201,7 +201,7 @@ def test_a_client_gone_during_a_long_prefill_stops_it(served):
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localspec\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        wait_until(lambda: served.server._current is not None, "the generation did not start")
+        wait_until(lambda: served.server._running, "the generation did not start")
     # the client has gone, its generation in (or just before) the prefill
     wait_idle(served)
     assert metric(served, 'generations_total{finish="cancelled"}') == cancelled + 1

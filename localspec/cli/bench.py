@@ -56,10 +56,16 @@ def register(app: typer.Typer) -> None:
             help="Also time llama-cpp-python's own Llama.generate, plain and with prompt lookup.",
         ),
         warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One uncounted warm-up run per variant."),
+        concurrency: Optional[str] = typer.Option(
+            None, "--concurrency", metavar="LEVELS",
+            help="Run the suite with this many generations at once (a comma list like 1,2,4: one level each), plain batched "
+                 "decoding against speculation at each: total and per-request tokens/s, inter-token latency, α."),
         no_warm_start: o.NoWarmStart = False,
         as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON (schema: docs/bench-schema.md)."),
     ) -> None:
         """Benchmark plain vs speculative decoding on a prompt suite: α, tokens/s, speedup, bound."""
+        from dataclasses import replace
+
         from localspec.bench import run as bench, report as bench_report
         from localspec.config import ConfigError
         from localspec.engine import EngineError
@@ -81,6 +87,23 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("bench compares plain with speculative decoding; --drafter none leaves nothing to compare")
             from localspec.loading.session import Session
 
+            if concurrency is not None:
+                from localspec.bench import concurrency as conc
+
+                levels = conc.parse_levels(concurrency)
+                if compare is not None:
+                    raise ConfigError("--compare runs one generation at a time; leave it out with --concurrency")
+                session = Session.load(replace(opts.load, parallel=max(levels)))
+                chat_on = session.chat_or_raw(chat, lambda m: typer.echo(m, err=True))
+                encoded = [session.prompt_tokens(p.prompt, chat_on, p.system) for p in suite]
+                for toks, p in zip(encoded, suite):
+                    session.check_fits(toks, f"prompt {p.source}")
+                with _progress_bar() as progress:
+                    report = conc.run_concurrency(
+                        session, encoded, [p.max_tokens or max_tokens for p in suite], levels, opts.sampling,
+                        ks, opts.tree, repeat, warmup, progress)
+                typer.echo(json.dumps(report, ensure_ascii=False, indent=2) if as_json else conc.format_concurrency(report))
+                return
             session = Session.load(opts.load)
             options = bench.BenchOptions(
                 sampling=opts.sampling, ks=tuple(ks), max_tokens=max_tokens, repeat=repeat, chat=chat,

@@ -8,6 +8,9 @@ import typer
 
 from . import options as o
 
+PARALLEL_DEFAULT = 1   # measured on a 2-core CPU: see docs/performance.md#concurrent-requests
+MAX_PARALLEL = 32      # slots × tree branches must stay within llama.cpp's sequences (256)
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``serve`` command to ``app``."""
@@ -24,7 +27,11 @@ def register(app: typer.Typer) -> None:
         api_key: Optional[str] = typer.Option(
             None, "--api-key", envvar="LOCALSPEC_API_KEY",
             help="Require 'Authorization: Bearer KEY' (except on /health)."),
-        max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait while one generates; more get 503."),
+        parallel: int = typer.Option(
+            PARALLEL_DEFAULT, "--parallel", "-np",
+            help="Generations run at once, their decodes batched together (each keeps the full --n-ctx; "
+                 "the KV cache grows N times). More requests wait in the queue."),
+        max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait while all slots generate; more get 503."),
         cors_origin: Optional[List[str]] = typer.Option(
             None, "--cors-origin", help="Allow browser requests from this origin (repeatable; '*' = any). None: no CORS."),
         no_warm_start: o.NoWarmStart = False,
@@ -53,6 +60,8 @@ def register(app: typer.Typer) -> None:
         try:
             if not 0 <= port <= 65535:
                 raise ConfigError(f"--port must be between 0 and 65535, got {port}")
+            if not 1 <= parallel <= MAX_PARALLEL:
+                raise ConfigError(f"--parallel must be between 1 and {MAX_PARALLEL}, got {parallel}")
             if max_queue < 0:
                 raise ConfigError(f"--max-queue must be >= 0, got {max_queue}")
             if api_key is not None and not api_key.strip():
@@ -60,7 +69,7 @@ def register(app: typer.Typer) -> None:
             opts = o.resolve(options, k=k, tree=tree)
             DecodeConfig(max_tokens=max_tokens, k=opts.k)   # validates --max-tokens and -k now
             # One core for the event loop (o.RESERVE), as chat leaves one to its screen.
-            opts = replace(opts, load=replace(opts.load, reserve_cores=o.RESERVE["serve"][0]))
+            opts = replace(opts, load=replace(opts.load, reserve_cores=o.RESERVE["serve"][0], parallel=parallel))
             seed = options["seed"] if options["seed"] is not None and options["seed"] >= 0 else None
             defaults = Defaults(opts.sampling, max_tokens=max_tokens, k=opts.k, seed=seed, tree=opts.tree)
             try:
@@ -71,12 +80,12 @@ def register(app: typer.Typer) -> None:
             session = Session.load(opts.load, notice)
             server = serve.Server(session, defaults, api_key=api_key, max_queue=max_queue,
                                   cors_origins=tuple(cors_origin or ()), warm_start=not no_warm_start,
-                                  prefix_share=not no_prefix_share, log=notice)
+                                  prefix_share=not no_prefix_share, log=notice, parallel=parallel)
             bound_host, bound_port = sock.getsockname()[:2]
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             typer.echo(f"localspec serve: http://{shown}:{bound_port}/v1 · model {server.model_id} · "
                        f"drafter {session.drafter_kind} · k {'auto' if opts.k is None else opts.k} · "
-                       f"tree {tree_label(opts.tree)} · "
+                       f"tree {tree_label(opts.tree)} · slots {parallel} · "
                        f"threads {session.target.n_threads} · Ctrl-C stops", err=True)
             serve_http.run(server, sock)
         except (ConfigError, EngineError) as e:

@@ -120,16 +120,24 @@ class ModelDrafter(_Single):
     MAX_CATCHUP = 64
     WINDOW = 48
 
-    def __init__(self, model, target_vocab: int | None = None):
+    def __init__(self, model, target_vocab: int | None = None, lazy: bool = False):
         self.model = model
         self.target_vocab = target_vocab or model.n_vocab
         self.offset = 0  # the draft's cache holds context[offset:]
+        # lazy: the prompt is read at the first proposal, not in `prepare`; a generation that
+        # never drafts (one of a batch held plain) never reads it, and one that starts drafting
+        # late reads at most MAX_CATCHUP tokens of it (a batch waits for every row read).
+        self.lazy = lazy
+        self._unread = False
         self.seqs_used: dict[int, int] = {}   # during a tree step: draft node -> its sequence
         self.tree_base = 0                    # tokens of sequence 0 before the tree's first level
 
     def prepare(self, context: Sequence[int]) -> None:
         lacking = [i for i, t in enumerate(context) if t >= self.model.n_vocab]
         self.offset = lacking[-1] + 1 if lacking else 0  # see propose
+        if self.lazy:
+            self._unread = True
+            return
         self.model.sync(context[self.offset:-1])
 
     def limit(self, context: Sequence[int], k_max: int) -> int | None:
@@ -163,6 +171,7 @@ class ModelDrafter(_Single):
             m.truncate(0)
             return None, 0, 0.0
         m.truncate(keep)
+        self._unread = False
         start = time.perf_counter()
         logits = m.eval(fresh, logits_from=-1)
         return logits[0], len(fresh), time.perf_counter() - start

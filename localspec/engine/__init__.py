@@ -24,22 +24,16 @@ import llama_cpp as C
 
 from localspec.config import ModelConfig
 from localspec.machine import default_threads  # noqa: F401 - the rule lives in machine; quantize takes it from here
-from localspec.tokens import common_prefix
 from . import chat, interrupt
-from .batch import Batch, Sequences
+from .batch import Batch, Sequences, logit_start
 from .backend import (_init_backend, _load_progress, _recent_log, backend_devices, gpu_offload_supported,  # noqa: F401
                       library_version, system_info)
-from .files import EngineError, check_gguf, load_failure
+from .files import Cancelled, EngineError, check_gguf, load_failure
 
 
 _LONG_EVAL = 64  # evals of more tokens than this (prefill) also stop when `Model.abort_when` is set
 # Every other decode's (a step's) abort check: C reading one byte (`interrupt.ABORT_CHECK`).
 _ABORT_CHECK = (C.ggml_abort_callback(interrupt.ABORT_CHECK[0]), interrupt.ABORT_CHECK[1])
-
-
-class Cancelled(EngineError):
-    """A decode stopped midway: `Model.abort_when` was set, or, off the main thread, an interrupt
-    was requested (on the main thread that ends as KeyboardInterrupt)."""
 
 
 class Model(Sequences):
@@ -75,7 +69,8 @@ class Model(Sequences):
         cparams.n_ubatch = self.n_batch
         cparams.n_seq_max = self.n_seq
         # Only a unified cache lets one batch row belong to several sequences (see batch).
-        cparams.kv_unified = self.n_seq > 1
+        cparams.kv_unified = self.n_seq > 1 and cfg.unified
+        self.unified = bool(cparams.kv_unified)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         self._ctx = None
@@ -92,7 +87,9 @@ class Model(Sequences):
             raise EngineError(f"could not create a context of {cfg.n_ctx} tokens for {self.path}")
         # llama.cpp pads the context it allocates (to 256 tokens); the context is still the size
         # asked for: every length check reads n_ctx, and the padding stays unused.
-        self.n_ctx = min(cfg.n_ctx, C.llama_n_ctx(self._ctx))
+        # Without a unified cache each sequence has a stream of its own: n_ctx is what one holds.
+        self.n_ctx = min(cfg.n_ctx, C.llama_n_ctx(self._ctx)) if self.unified else \
+            min(cfg.n_ctx // self.n_seq, C.llama_n_ctx_seq(self._ctx))
         self.n_batch = min(self.n_batch, C.llama_n_batch(self._ctx))
         self.n_threads = threads
         self._vocab = C.llama_model_get_vocab(self._model)
@@ -136,9 +133,7 @@ class Model(Sequences):
             return None
         if len(self.tokens) + n > self.n_ctx:
             raise EngineError(f"context full: {len(self.tokens) + n} tokens > n_ctx {self.n_ctx} ({self.name})")
-        start_out = n if logits_from is None else (logits_from if logits_from >= 0 else n + logits_from)
-        if not 0 <= start_out <= n:
-            raise EngineError(f"logits_from {logits_from} is outside a block of {n} tokens")
+        start_out = logit_start(n, logits_from)
         rows = n - start_out
         if rows > self.n_batch:
             raise EngineError(f"cannot return {rows} logit rows in one batch of {self.n_batch}")
@@ -214,14 +209,6 @@ class Model(Sequences):
                 "which speculative decoding needs; use it with --drafter none"
             )
         del self.seqs[seq][n:]
-
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Make the cache hold exactly `tokens`, reusing the longest common prefix already there."""
-        tokens = list(tokens)  # a tuple never compares equal to a list slice
-        common = common_prefix(self.tokens, tokens)
-        if common < len(self.tokens):
-            self.truncate(common)
-        self.eval(tokens[common:])
 
     def reset(self) -> None:
         C.llama_memory_clear(self._mem, True)

@@ -27,6 +27,7 @@ import numpy as np
 
 import llama_cpp as C
 
+from localspec.tokens import common_prefix
 from . import interrupt
 from .files import EngineError
 
@@ -53,6 +54,15 @@ class Batch:
         c.n_seq_id = self.nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         c.seq_id = ctypes.cast(self._rows.ctypes.data, ctypes.POINTER(ctypes.POINTER(C.llama_seq_id)))
         c.logits = self.out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+
+def logit_start(n: int, logits_from: int | None) -> int:
+    """The first row of a block of n whose logits are wanted: logits_from counts from the end when
+    negative; None wants none (n)."""
+    start = n if logits_from is None else (logits_from if logits_from >= 0 else n + logits_from)
+    if not 0 <= start <= n:
+        raise EngineError(f"logits_from {logits_from} is outside a block of {n} tokens")
+    return start
 
 
 def tree_members(parents: Sequence[int], width: int) -> np.ndarray:
@@ -90,6 +100,11 @@ class Sequences:
 
     n_seq: int
     seqs: list[list[int]]
+    tokens: list[int]   # seqs[0]
+
+    def _share(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Let sequence dst hold src's cells at positions [p0, p1) too (llama_memory_seq_cp)."""
+        C.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def _seq_id(self, seq: int) -> int:
         if not 0 <= seq < self.n_seq:
@@ -106,7 +121,7 @@ class Sequences:
         if not 0 <= n <= len(self.seqs[src]) or src == dst:
             raise EngineError(f"cannot copy {n} tokens of sequence {src} (it holds {len(self.seqs[src])}) to {dst}")
         self.drop_seq(dst)
-        C.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        self._share(src, dst, 0, n)
         self.seqs[dst].extend(self.seqs[src][:n])
 
     def drop_seq(self, seq: int) -> None:
@@ -116,10 +131,17 @@ class Sequences:
     def keep_seq(self, seq: int) -> None:
         """Keep sequence `seq` only: every other sequence is emptied and its cells freed."""
         seq = self._seq_id(seq)
-        C.llama_memory_seq_keep(self._mem, seq)
         for s, held in enumerate(self.seqs):
-            if s != seq:
-                held.clear()
+            if s != seq and held:
+                self.drop_seq(s)
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Make sequence 0 hold exactly `tokens`, reusing the longest common prefix already there."""
+        tokens = list(tokens)  # a tuple never compares equal to a list slice
+        common = common_prefix(self.tokens, tokens)
+        if common < len(self.tokens):
+            self.truncate(common)
+        self.eval(tokens[common:])
 
     # -- one decode over rows of several sequences ----------------------------------------------
 
@@ -143,20 +165,7 @@ class Sequences:
         want = np.zeros(m, bool) if logits is None else np.asarray(logits, dtype=bool).reshape(-1)
         if len(want) != m:
             raise EngineError(f"{len(want)} logits flags for {m} rows")
-        self._check_coupled(member)
-        lens = np.array([len(s) for s in self.seqs])
-        seen = np.cumsum(member, axis=0)  # each sequence's rows so far, this one included
-        at = np.where(member, lens + seen - 1, -1)  # the row's position in each of its sequences
-        pos = at.max(axis=1)
-        apart = np.flatnonzero((member & (at != pos[:, None])).any(axis=1))
-        if len(apart):
-            i = int(apart[0])
-            raise EngineError(f"row {i} belongs to sequences {np.flatnonzero(member[i]).tolist()}, which have "
-                              "different rows before it in the batch")
-        end = lens + seen[-1]
-        if (end > self.n_ctx).any():
-            s = int(np.argmax(end))
-            raise EngineError(f"context full: {int(end[s])} tokens > n_ctx {self.n_ctx} in sequence {s} ({self.name})")
+        lens, seen, pos = self._place(member)
         b = self._rows
         b.tok[:m] = arr
         b.pos[:m] = pos
@@ -180,6 +189,25 @@ class Sequences:
             self.seqs[s].extend(arr[member[:, s]].tolist())
         rows = int(want.sum())
         return self._logit_rows(rows) if rows else None
+
+    def _place(self, member: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Check rows against llama.cpp's batch rules and the context, and place them: (each
+        sequence's length before the batch, its rows so far at each row, each row's position)."""
+        self._check_coupled(member)
+        lens = np.array([len(s) for s in self.seqs])
+        seen = np.cumsum(member, axis=0)  # each sequence's rows so far, this one included
+        at = np.where(member, lens + seen - 1, -1)  # the row's position in each of its sequences
+        pos = at.max(axis=1)
+        apart = np.flatnonzero((member & (at != pos[:, None])).any(axis=1))
+        if len(apart):
+            i = int(apart[0])
+            raise EngineError(f"row {i} belongs to sequences {np.flatnonzero(member[i]).tolist()}, which have "
+                              "different rows before it in the batch")
+        end = lens + seen[-1]
+        if (end > self.n_ctx).any():
+            s = int(np.argmax(end))
+            raise EngineError(f"context full: {int(end[s])} tokens > n_ctx {self.n_ctx} in sequence {s} ({self.name})")
+        return lens, seen, pos
 
     def _check_coupled(self, member: np.ndarray) -> None:
         """Sequences that share a row must hold the same text: llama.cpp attends such a row to the
@@ -219,9 +247,7 @@ class Sequences:
         tokens, seqs, want, rows = [], [], [], []
         for seq, block, logits_from in blocks:
             n = len(block)
-            start = n if logits_from is None else (logits_from if logits_from >= 0 else n + logits_from)
-            if not 0 <= start <= n:
-                raise EngineError(f"logits_from {logits_from} is outside a block of {n} tokens")
+            start = logit_start(n, logits_from)
             tokens.extend(block)
             seqs.extend([self._seq_id(seq)] * n)
             want.extend([False] * start + [True] * (n - start))
@@ -279,7 +305,7 @@ class Sequences:
             self.truncate(text + d)
         else:
             self.truncate(text)
-            C.llama_memory_seq_cp(self._mem, keep, 0, text, text + d)
+            self._share(keep, 0, text, text + d)
             self.tokens.extend(arr[path].tolist())
         for s in np.flatnonzero(member.any(axis=0))[1:]:
             self.drop_seq(int(s))

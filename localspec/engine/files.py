@@ -70,3 +70,9 @@ def load_failure(path: Path, log: Sequence[str]) -> str:
     if parser:
         return f"corrupt or unsupported GGUF: {parser[0]}"
     return f"corrupt or unsupported GGUF? {log[-1] if log else 'llama.cpp gave no reason'}"
+
+
+class Cancelled(EngineError):
+    """A decode stopped midway: `Model.abort_when` was set, or, off the main thread, an interrupt
+    was requested (on the main thread that ends as KeyboardInterrupt); or a slot's request was
+    cancelled before its decode (`slots`)."""

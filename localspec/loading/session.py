@@ -49,6 +49,9 @@ class LoadConfig:
     n_seq: int = 1
     """Sequences of each model's KV cache: the branches a draft tree needs (`DecodeConfig.n_seq`);
     1 for chains only. Both models get it, the target also for prompt lookup's trees."""
+    parallel: int = 1
+    """Generations the models serve at once (`serve --parallel`, `bench --concurrency`): each gets
+    n_seq sequences and n_ctx cells of one shared cache (`loading.pool`)."""
 
     def __post_init__(self) -> None:
         if self.drafter is not None and self.drafter not in DRAFTERS:
@@ -65,6 +68,8 @@ class LoadConfig:
             raise ConfigError(f"reserve_cores must be >= 0, got {self.reserve_cores}")
         if self.n_seq < 1:
             raise ConfigError(f"n_seq must be >= 1, got {self.n_seq}")
+        if self.parallel < 1:
+            raise ConfigError(f"parallel must be >= 1, got {self.parallel}")
 
 
 def resolve_files(cfg: LoadConfig, notice: Callable[[str], None] | None = None) -> LoadConfig:
@@ -130,8 +135,12 @@ def _with_rebuild_hint(call, arg, path=None):
 class Session:
     """A loaded target, an optional draft model, and the drafter choice."""
 
-    def __init__(self, target: Model, draft: Model | None, drafter: str, threads: machine.Threads | None = None):
+    def __init__(self, target: Model, draft: Model | None, drafter: str, threads: machine.Threads | None = None,
+                 n_ctx: int | None = None):
         self.target = target
+        self.n_ctx = n_ctx or target.n_ctx
+        """The context one generation has (the target's whole context unless it is shared by
+        parallel generations)."""
         self.draft = draft
         self.drafter_kind = drafter
         self.threads = threads   # how the thread count was chosen (generate --json reports it)
@@ -144,7 +153,12 @@ class Session:
         # the models load with the idle count and take the fitted one after (`_fit_threads`).
         loading = machine.sample()
         threads = cfg.threads or machine.choose_threads(None, cfg.reserve_cores, other=0.0).threads
-        target = _load(ModelConfig(target_path, cfg.n_ctx, threads, cfg.target_gpu_layers, n_seq=cfg.n_seq))
+        # Parallel generations share one cache of n_ctx cells per generation.
+        n_ctx, n_seq = cfg.n_ctx * cfg.parallel, cfg.n_seq * cfg.parallel
+        # Trees need one pool of cells (coupled sequences); without them each generation's cells
+        # stay apart, so that its numbers never depend on the others' (engine.slots).
+        unified = cfg.n_seq > 1
+        target = _load(ModelConfig(target_path, n_ctx, threads, cfg.target_gpu_layers, n_seq=n_seq, unified=unified))
         if target.recurrent and drafter != "none":
             target.close()
             # Rejected drafts must be removed from the cache; a recurrent state cannot be rewound.
@@ -155,7 +169,7 @@ class Session:
         draft = None
         if draft_path is not None:
             try:
-                draft = _load(ModelConfig(draft_path, cfg.n_ctx, threads, cfg.draft_gpu_layers, n_seq=cfg.n_seq))
+                draft = _load(ModelConfig(draft_path, n_ctx, threads, cfg.draft_gpu_layers, n_seq=n_seq, unified=unified))
                 vocab.check(target, draft)
             except BaseException:
                 if draft is not None:
@@ -165,14 +179,17 @@ class Session:
         plan = fit_threads((target, draft), cfg.threads, cfg.reserve_cores, loading)
         if plan.warning:
             (notice or (lambda m: print(m, file=sys.stderr, flush=True)))(f"localspec: {plan.warning}")
-        return cls(target, draft, drafter, plan)
+        return cls(target, draft, drafter, plan, n_ctx=min(cfg.n_ctx, target.n_ctx))
 
-    def make_drafter(self, kind: str | None = None) -> Drafter | None:
+    def make_drafter(self, kind: str | None = None, draft=None) -> Drafter | None:
+        """A new drafter of `kind` (default: the session's); `draft`: the draft model's part it
+        drafts with (a slot of a shared draft model), default the whole draft model."""
         kind = kind or self.drafter_kind
         if kind in NEEDS_DRAFT:
             if self.draft is None:
                 raise ConfigError("no draft model is loaded; pass --draft PATH")
-            model = ModelDrafter(self.draft, self.target.n_vocab)
+            # a slot's draft reads the prompt when it first drafts (a batch held plain never does)
+            model = ModelDrafter(draft or self.draft, self.target.n_vocab, lazy=draft is not None)
             return AutoDrafter(model) if kind == "auto" else model
         if kind == "lookup":
             return PromptLookup()
@@ -187,8 +204,8 @@ class Session:
 
     def check_fits(self, tokens: list[int], what: str = "prompt") -> None:
         """A prompt must leave room in the context for at least one generated token."""
-        if not prompt_fits(len(tokens), self.target.n_ctx):
-            raise ConfigError(f"{what} is {len(tokens)} tokens, too long for n_ctx {self.target.n_ctx} "
+        if not prompt_fits(len(tokens), self.n_ctx):
+            raise ConfigError(f"{what} is {len(tokens)} tokens, too long for n_ctx {self.n_ctx} "
                               "(raise --n-ctx)")
 
     def prompt_tokens(self, text: str, chat: bool, system: str | None = None, special: bool = True) -> list[int]:

@@ -1,11 +1,14 @@
 """`localspec serve`: an OpenAI-compatible HTTP server (Starlette + uvicorn) over one loaded pair.
 
-One generation at a time. The event loop reads and checks requests, and admits each to a bounded
-FIFO (`max_queue` places besides the running one) before rendering and tokenizing it in a thread
-of its own (one: a flood of admitted bodies cannot take every core); when the queue is full or the
-server is shutting down a request is answered 503 at once, before any of that work. A generation
-runs `stream_text` in the single worker thread and hands its text to the loop through an asyncio
-queue (`loop.call_soon_threadsafe`). The target's KV cache is reused across requests by common
+`parallel` generations at a time (`--parallel N`, default 1). The event loop reads and checks
+requests, and admits each to a bounded FIFO (`max_queue` places besides the running ones) before
+rendering and tokenizing it in a thread of its own (one: a flood of admitted bodies cannot take
+every core); when the queue is full or the server is shutting down a request is answered 503 at
+once, before any of that work. A generation runs `stream_text` in a worker thread (one per slot)
+and hands its text to the loop through an asyncio queue (`loop.call_soon_threadsafe`). With
+N > 1 the generations run in the slots of a `SlotPool`: each in its own thread, their decodes
+batched together (engine.slots), a request going to the free slot whose cache shares the longest
+prefix with its prompt; each slot keeps its own controllers, priced by their share of the batch. The target's KV cache is reused across requests by common
 prefix (`Model.sync` in the decoder), so a chat that resends its history only prefills the new
 turn; `usage.prompt_tokens_details.cached_tokens` says how much was reused. That also tells a
 client, by the count and by the prefill time, how much of its prompt the previous client's shared:
@@ -41,6 +44,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from localspec.loading.controllers import Controllers
+from localspec.loading.pool import SlotPool
 from localspec.decoding.controller import KController
 from localspec.engine import Cancelled
 from localspec.tokens import common_prefix, prompt_fits
@@ -54,7 +58,7 @@ SAVE_EVERY = 16        # requests between saves of the controller record
 RETRY_AFTER = 2        # seconds, in the 503 of a full queue
 
 
-@dataclass
+@dataclass(eq=False)   # each job is itself (the running set holds them)
 class Job:
     """One admitted request, between the event loop and the worker thread."""
 
@@ -79,7 +83,7 @@ class Server:
 
     def __init__(self, session, defaults: Defaults, *, api_key: str | None = None, max_queue: int = 16,
                  cors_origins: tuple[str, ...] = (), warm_start: bool = True, prefix_share: bool = True,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, parallel: int = 1):
         self.session = session
         self.log = log   # one line per answer and one at shutdown; None: silent (the tests' servers)
         self.defaults = defaults
@@ -90,14 +94,19 @@ class Server:
         self.warm_start = warm_start
         self.model_id = Path(str(session.target.path)).stem
         self.metrics = Metrics()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
+        self.parallel = parallel
+        # Slots share the session's models, loaded for them (LoadConfig.parallel); one needs none.
+        self.pool = SlotPool(session, parallel, session.target.n_seq // parallel) if parallel > 1 else None
+        self._executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="localspec-generate")
         self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-tokenize")
-        self._lock: asyncio.Lock | None = None   # made in the server's event loop
-        self._queue: list[Job] = []   # admitted, waiting for the generation slot
-        self._current: Job | None = None
+        self._slots: asyncio.Semaphore | None = None   # made in the server's event loop
+        self._queue: list[Job] = []   # admitted, waiting for a generation slot
+        self._running: set[Job] = set()
         self._closing = False
-        self._controllers: Controllers | None = None   # made on first use, with the defaults then in force
+        # per slot, made on first use with the defaults then in force
+        self._controllers: list[Controllers | None] = [None] * parallel
         self._since_save = 0
+        self._saving = threading.Lock()
         self._closed = False
         self.answered = 0   # HTTP answers, for the line at shutdown
 
@@ -131,12 +140,12 @@ class Server:
                            code="invalid_api_key", kind="authentication_error")
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "model": self.model_id, "busy": self._current is not None,
-                             "queue": self._waiting})
+        return JSONResponse({"status": "ok", "model": self.model_id, "busy": bool(self._running),
+                             "slots": self.parallel, "slots_busy": len(self._running), "queue": self._waiting})
 
     async def prometheus(self, request: Request) -> PlainTextResponse:
         self._authorize(request)
-        return PlainTextResponse(self.metrics.render(self._waiting, self._current is not None),
+        return PlainTextResponse(self.metrics.render(self._waiting, len(self._running), self.parallel),
                                  media_type="text/plain; version=0.0.4")
 
     async def models(self, request: Request) -> JSONResponse:
@@ -147,7 +156,7 @@ class Server:
             "id": self.model_id, "object": "model", "created": created, "owned_by": "localspec",
             # names, not paths: this answers without an API key when none is set
             "localspec": {"target": s.target.name, "draft": s.draft.name if s.draft else None,
-                          "drafter": s.drafter_kind, "n_ctx": s.target.n_ctx},
+                          "drafter": s.drafter_kind, "n_ctx": s.n_ctx, "parallel": self.parallel},
         }]})
 
     async def chat_completions(self, request: Request):
@@ -206,27 +215,28 @@ class Server:
                                param="prompt", code="invalid_value")
         if not tokens:
             raise ApiError("the prompt is empty", param="prompt", code="invalid_value")
-        if not prompt_fits(len(tokens), target.n_ctx):
-            raise too_long(len(tokens), target.n_ctx, req.chat)
+        if not prompt_fits(len(tokens), self.session.n_ctx):
+            raise too_long(len(tokens), self.session.n_ctx, req.chat)
         return tokens
 
     def _refuse_if_full(self) -> None:
-        """503 at once when shutting down, or when the running generation and the admitted
-        requests (waiting for the slot, or being tokenized) fill the slot and the queue's places.
+        """503 at once when shutting down, or when the running generations and the admitted
+        requests (waiting for a slot, or being tokenized) fill the slots and the queue's places.
         A waiting request whose client has gone no longer holds a place."""
         if self._closing:
             raise ApiError("the server is shutting down", status=503, kind="server_error", code="shutting_down")
-        busy = self._lock is not None and self._lock.locked()
+        busy = len(self._running)
         waiting = self._waiting
-        if busy + waiting > self.max_queue:
-            raise ApiError(f"the server is busy: {'one generation runs and ' if busy else ''}{waiting} requests "
-                           f"wait (--max-queue {self.max_queue}); retry later", status=503, kind="server_error",
+        if busy + waiting >= self.max_queue + self.parallel:
+            runs = f"{busy} generation{'s run' if busy > 1 else ' runs'} and " if busy else ""
+            raise ApiError(f"the server is busy: {runs}{waiting} requests wait (--max-queue {self.max_queue}); "
+                           "retry later", status=503, kind="server_error",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER)})
 
     def _admit(self, job: Job) -> None:
         """Take a place in the queue, or refuse (`_refuse_if_full`)."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.parallel)
         self._refuse_if_full()
         self._queue.append(job)
 
@@ -235,21 +245,26 @@ class Server:
         return sum(not j.cancel.is_set() for j in self._queue)
 
     async def _start(self, job: Job) -> None:
-        """Wait for the generation slot (FIFO), then run `job` in the worker; the slot is freed when
+        """Wait for a generation slot (FIFO), then run `job` in a worker; the slot is freed when
         the worker is done with it, not when the client goes."""
         try:
-            await self._lock.acquire()
+            await self._slots.acquire()
         finally:
             self._queue.remove(job)
         if self._closing:
-            self._lock.release()
+            self._slots.release()
             raise ApiError("the server is shutting down", status=503, kind="server_error", code="shutting_down")
+        self._running.add(job)
+
+        def done(_) -> None:
+            self._running.discard(job)
+            self._slots.release()
         try:
             future = job.loop.run_in_executor(self._executor, self._generate, job)
         except BaseException:
-            self._lock.release()
+            done(None)
             raise
-        future.add_done_callback(lambda _: self._lock.release())
+        future.add_done_callback(done)
 
     async def _events(self, job: Job, reply: Reply, include_usage: bool):
         """Server-sent events: chunks, the finishing chunk, usage if asked for, [DONE]."""
@@ -277,74 +292,87 @@ class Server:
             self.metrics.cancelled()
             job.emit("done", {"finish": "cancelled"})
             return
+        slot = 0
         try:
-            self._current = job
-            self._run(job)
+            if self.pool is not None:
+                slot = self.pool.acquire(job.prompt)   # one is free: the semaphore counts them
+            self._run(job, slot)
         except Exception as e:
             job.emit("error", ApiError(f"generation failed: {e}", status=500, kind="server_error",
                                        code="generation_failed"))
         finally:
-            self._current = None
+            if self.pool is not None:
+                self.pool.release(slot)
 
-    def _run(self, job: Job) -> None:
-        session, target = self.session, self.session.target
-        drafter = session.make_drafter()
-        controller = self._controller(job.sampling.temperature, drafter)
+    def _run(self, job: Job, slot: int) -> None:
+        session, pool = self.session, self.pool
+        target, draft = (session.target, session.draft) if pool is None else (pool.targets[slot], pool.drafts[slot])
+        drafter = session.make_drafter() if pool is None else pool.drafter(slot)
+        controller = self._controller(slot, job.sampling.temperature, drafter)
         if not self.prefix_share:
             # Nothing of another client's prompt may shorten this prefill or show in cached_tokens.
-            for model in (target, session.draft):
+            for model in (target, draft):
                 if model is not None:
                     model.truncate(0)
         cached = common_prefix(target.tokens, job.prompt[:-1])
-        for model in (target, session.draft):
+        for model in (target, draft):
             if model is not None:
-                model.abort_when = job.cancel  # a client gone mid-prefill stops it, not just the next step
+                # a client gone mid-prefill stops it, not just the next step (a slot: its next decode)
+                setattr(model, "abort_when" if pool is None else "cancel", job.cancel)
         stats, finish, prefill = RunStats(), None, None
         start = time.perf_counter()
         stream = stream_text(target, drafter, job.prompt, job.sampling, job.decode, controller,
                              np.random.default_rng(job.sampling.seed))
+        joined = contextlib.nullcontext() if pool is None else pool.generating(slot, controller)
         try:
-            for chunk in stream:
-                step = chunk.step
-                if prefill is None:
-                    prefill = time.perf_counter() - start - step.t_draft - step.t_verify - step.t_python
-                stats.add(step)
-                if chunk.text:
-                    job.emit("text", chunk.text)
-                if step.finish is not None:
-                    finish = step.finish
-                elif job.cancel.is_set():
-                    finish = "cancelled"
-                    break
-        except Cancelled:   # stopped inside a long prefill
+            with joined:
+                for chunk in stream:
+                    step = chunk.step
+                    if prefill is None:
+                        prefill = time.perf_counter() - start - step.t_draft - step.t_verify - step.t_python
+                    stats.add(step)
+                    if chunk.text:
+                        job.emit("text", chunk.text)
+                    if step.finish is not None:
+                        finish = step.finish
+                    elif job.cancel.is_set():
+                        finish = "cancelled"
+                        break
+                stream.close()   # rewinds the caches to the accepted text, still in the batch
+        except Cancelled:   # stopped inside a long prefill, or (a slot) before a decode
             finish = "cancelled"
         finally:
-            stream.close()   # rewinds the caches to the accepted text before anything else runs
+            stream.close()
             self.metrics.generated(stats, finish)
             self._maybe_save()
         job.result = {**stats.summary(), "finish": finish, "n_prompt": len(job.prompt), "n_cached": cached,
                       "prefill_seconds": prefill, "drafter": session.drafter_kind, "seed": job.sampling.seed}
+        if pool is not None:
+            job.result["slot"] = slot
         job.emit("done", job.result)
 
-    def _controller(self, temperature: float, drafter) -> KController:
-        if self._controllers is None:   # made on first use, from the defaults then in force
-            self._controllers = Controllers(self.session, k=self.defaults.k, warm=self.warm_start)
-        return self._controllers.get(drafter, temperature)
+    def _controller(self, slot: int, temperature: float, drafter) -> KController:
+        """Slot `slot`'s controller for this drafter and temperature band: one generation uses a
+        controller at a time, so the slots' threads never share one."""
+        if self._controllers[slot] is None:   # made on first use, from the defaults then in force
+            self._controllers[slot] = Controllers(self.session, k=self.defaults.k, warm=self.warm_start)
+        return self._controllers[slot].get(drafter, temperature)
 
     def _maybe_save(self, force: bool = False) -> None:
-        self._since_save += 1
-        if not (force or self._since_save >= SAVE_EVERY) or not self.warm_start:
-            return
-        self._since_save = 0
-        if self._controllers is not None:
-            self._controllers.save_all()
+        with self._saving:
+            self._since_save += 1
+            if not (force or self._since_save >= SAVE_EVERY) or not self.warm_start:
+                return
+            self._since_save = 0
+            for kept in self._controllers:
+                if kept is not None:
+                    kept.save_all()
 
     # ---- ending ---------------------------------------------------------------------------------
     def stop_generation(self) -> None:
-        """Shutdown has begun: refuse new requests, stop the running generation within a step."""
+        """Shutdown has begun: refuse new requests, stop the running generations within a step."""
         self._closing = True
-        job = self._current
-        if job is not None:
+        for job in list(self._running):
             job.cancel.set()
 
     def close(self) -> None:

@@ -12,6 +12,8 @@ tokens per second, and resident memory at request 100 and at the last request (f
 `--versus-generate N` instead times one client against `localspec generate` with the same options
 (pass the same `--threads` to both through the serve options): N rounds, interleaved, each one
 request through the server and one `generate` process, and reports the ratio of decode tokens/s.
+`--versus-parallel P --rounds N` times one client of a server with `--parallel P` against one of the
+same server with `--parallel 1`, both running, one request to each in turn for N rounds.
 """
 
 from __future__ import annotations
@@ -93,6 +95,54 @@ async def run(url: str, clients: int, sequential: int, max_tokens: int, pid: int
     return {"burst": burst, "burst_seconds": burst_seconds, "sequential": seq, "rss": memory}
 
 
+async def versus_parallel(urls: tuple[str, str], rounds: int, max_tokens: int) -> dict:
+    """Decode tokens/s of one client of each server (parallel 1, parallel P), interleaved."""
+    prompt = "Tell me about lighthouses and why they matter for ships at night."
+    got: tuple[list, list] = ([], [])
+    clients = [httpx.AsyncClient(base_url=u, timeout=httpx.Timeout(600.0)) for u in urls]
+    try:
+        for c in clients:
+            await one_request(c, prompt, max_tokens)  # warm-up
+        for r in range(rounds):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                out = await one_request(clients[i], prompt, max_tokens)
+                got[i].append(out["usage"]["localspec"]["tokens_per_second"])
+    finally:
+        for c in clients:
+            await c.aclose()
+    return {"parallel_1": got[0], "parallel_n": got[1], "ratio": float(np.median(got[1]) / np.median(got[0]))}
+
+
+def start_server(port: int, args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def wait_up(server: subprocess.Popen, url: str) -> bool:
+    """Until /health answers (True), or the server exits (False, its stderr copied to ours)."""
+    deadline = time.monotonic() + 300
+    while True:
+        if server.poll() is not None:
+            sys.stderr.write(server.stderr.read().decode("utf-8", "replace"))
+            return False
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the server did not come up in 300 s")
+        time.sleep(0.2)
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
 async def versus_generate(url: str, rounds: int, max_tokens: int, serve_args: list[str]) -> dict:
     """Decode tokens/s of one client through the server and of `localspec generate`, interleaved."""
     prompt = "Tell me about lighthouses and why they matter for ships at night."
@@ -142,27 +192,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sequential", type=int, default=500)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--versus-generate", type=int, default=0, metavar="N")
+    ap.add_argument("--versus-parallel", type=int, default=0, metavar="P")
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.versus_parallel:
+        ports = free_port(), free_port()
+        servers = [start_server(p, [*extra, "--parallel", str(n)]) for p, n in zip(ports, (1, args.versus_parallel))]
+        urls = tuple(f"http://127.0.0.1:{p}" for p in ports)
+        try:
+            if not all(wait_up(s, u) for s, u in zip(servers, urls)):
+                return 2
+            report = asyncio.run(versus_parallel(urls, args.rounds, args.max_tokens))
+        finally:
+            for s in servers:
+                stop(s)
+        print(json.dumps(report) if args.json else
+              f"one client: --parallel {args.versus_parallel} {np.median(report['parallel_n']):.1f} vs --parallel 1 "
+              f"{np.median(report['parallel_1']):.1f} tokens/s (medians of {args.rounds}): {report['ratio']:.2f}×")
+        return 0
     port = free_port()
-    cmd = [sys.executable, "-m", "localspec", "serve", "--port", str(port),
-           "--max-queue", str(max(args.clients, 16)), *extra]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = start_server(port, ["--max-queue", str(max(args.clients, 16)), *extra])
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None:
-                sys.stderr.write(server.stderr.read().decode("utf-8", "replace"))
-                return 2
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the server did not come up in 300 s")
-            time.sleep(0.2)
+        if not wait_up(server, url):
+            return 2
         if args.versus_generate:
             report = asyncio.run(versus_generate(url, args.versus_generate, args.max_tokens, extra))
             print(json.dumps(report) if args.json else
@@ -171,11 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         result = asyncio.run(run(url, args.clients, args.sequential, args.max_tokens, server.pid))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
     report = summary(result)
     if args.json:
         print(json.dumps(report, indent=2))

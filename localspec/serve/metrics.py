@@ -49,7 +49,7 @@ class Metrics:
             self.k_sum += stats.k_sum
             self.seconds += stats.seconds
 
-    def render(self, queue_depth: int, busy: bool) -> str:
+    def render(self, queue_depth: int, busy: int, slots: int = 1) -> str:
         with self._lock:
             requests = sorted(self._requests.items())
             finish = sorted(self._finish.items())
@@ -83,6 +83,8 @@ class Metrics:
         metric("mean_k", "gauge", "Mean draft length chosen per step.", [("", ratio(c["k_sum"], c["target_passes"]))])
         metric("tokens_per_second", "gauge", "Generated tokens per decoding second (prefill excluded).",
                [("", ratio(c["completion_tokens"], c["seconds"]))])
-        metric("queue_depth", "gauge", "Requests waiting for the generation slot.", [("", queue_depth)])
-        metric("busy", "gauge", "1 while a generation runs.", [("", int(busy))])
+        metric("queue_depth", "gauge", "Requests waiting for a generation slot.", [("", queue_depth)])
+        metric("busy", "gauge", "1 while a generation runs.", [("", int(busy > 0))])
+        metric("slots", "gauge", "Generation slots (--parallel).", [("", slots)])
+        metric("slots_busy", "gauge", "Slots running a generation.", [("", busy)])
         return "\n".join(lines) + "\n"

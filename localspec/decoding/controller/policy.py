@@ -77,6 +77,9 @@ class KController:
         self.first_decode = BatchCost()
         self.trees = TreeChooser()   # `--tree auto`: sibling acceptance, tree or chain
         self.tree_shape: tuple[int, ...] | None = None   # a fixed --tree SHAPE (set by the decoder)
+        self.batch = None
+        """`batch.SlotShare` when this controller's generation shares its decodes with others:
+        verify and draft costs are then its share of the batch's (see `batch`)."""
 
     @property
     def _verify(self) -> dict[int, float]:   # verify seconds by batch size (tests read it)
@@ -123,6 +126,8 @@ class KController:
 
     def plain_due(self) -> bool:
         """A plain step is needed now to time t_verify(1): never timed here, or stale."""
+        if self.batch is not None:
+            return self.batch.plain_due()
         return not self.verify_costs.timed_here(1) or self._since_plain >= REFRESH_PLAIN
 
     def starting(self) -> bool:
@@ -135,13 +140,17 @@ class KController:
         rates = self.acceptance.rates(k_top, optimism)
         if self.tree_shape:   # a fixed --tree SHAPE: each k is priced as the tree it drafts
             return self.trees.estimates(self.tree_shape, rates, self._draft_seconds(k_top),
-                                        self.first_decode.extra(3), self.verify_costs.curve)
+                                        self.first_decode.extra(3), self.verify_curve)
         tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(rates))))
-        return tokens, self._draft_seconds(k_top) + self.verify_costs.fitted()[:k_top + 1]
+        return tokens, self._draft_seconds(k_top) + self.verify_curve(k_top + 1)
 
     def _draft_seconds(self, k_top: int) -> np.ndarray:
+        if self.batch is not None and not self.draft_cost_free:
+            shared = self.batch.draft_seconds(k_top)   # the batch's draft decodes, shared
+            if shared is not None:
+                return shared
         if self.draft_costs.per_token is None:  # nothing timed: lookup is ~free, a model is guessed
-            guess = 0.0 if self.draft_cost_free else self.verify_costs.fitted()[0]   # at a plain step
+            guess = 0.0 if self.draft_cost_free else self.verify_curve(1)[0]   # at a plain step
             return np.arange(k_top + 1, dtype=float) * guess
         return self.draft_costs.seconds(k_top)
 
@@ -165,6 +174,10 @@ class KController:
 
     def observe_verify(self, b: int, t_verify: float) -> None:
         """Record one target pass over b tokens (every step, whoever drafted)."""
+        if self.batch is not None:   # the batch's decodes are timed by the batcher, not here
+            self.batch.verified(b)
+            self.verify_costs.steps += 1
+            return
         ratio = self.verify_costs.observe(b, t_verify)
         if ratio is not None:   # today's speed sets the level of a recorded draft cost too
             self.draft_costs.rescale(ratio)
@@ -173,6 +186,8 @@ class KController:
     def observe_draft(self, n_drafted: int, n_accepted: int, t_draft: float, t_resume: float = 0.0) -> None:
         """Record what the draft model proposed and what of it was accepted."""
         self._draft_steps += 1
+        if self.batch is not None:
+            self.batch.accepted(n_accepted)
         self.draft_costs.observe(n_drafted, t_draft, t_resume)
         if self.probes.probing:
             self.probes.learn(np.prod(self.acceptance.rates(n_drafted)), n_accepted == n_drafted)
@@ -194,14 +209,20 @@ class KController:
         return self.draft_costs.per_token
 
     def verify_curve(self, top: int) -> np.ndarray:
-        """Predicted seconds to verify b = 1..top tokens (needs one timing)."""
+        """Predicted seconds to verify b = 1..top tokens (needs one timing); in a batch, this
+        generation's share of the batch's decode (`batch`)."""
+        if self.batch is not None and self.batch.known():
+            return self.batch.curve(top)
         return self.verify_costs.curve(top)
+
+    def costs_known(self) -> bool:
+        return bool(self.verify_costs.by_size) or (self.batch is not None and self.batch.known())
 
     def verify_cost(self, b: int) -> float | None:
         """Seconds to verify a batch of b tokens: measured EWMA, interpolated or extrapolated."""
-        if not self.verify_costs.by_size or b < 1:
+        if not self.costs_known() or b < 1:
             return None
-        return float(self.verify_costs.curve(b)[b - 1])
+        return float(self.verify_curve(b)[b - 1])
 
     def draft_seconds(self, k_top: int) -> np.ndarray:
         """Predicted seconds of drafting k = 0..k_top tokens with the draft model."""
@@ -209,19 +230,21 @@ class KController:
 
     def expected_speedup(self, k: int) -> float | None:
         """E(k) * t_verify(1) / (k * t_draft + t_verify(k + 1)), None before any timing."""
-        if not self.verify_costs.by_size or not 0 <= k <= self.k_max:
+        if not self.costs_known() or not 0 <= k <= self.k_max:
             return None
         thr = self._throughput(k)
         return float(thr[k] / thr[0])
 
     # ---- warm start ---------------------------------------------------------------------
     def learned(self) -> dict:
-        """What a later run on the same pair and machine can start from (`warm_start`)."""
+        """What a later run on the same pair and machine can start from (`warm_start`). In a batch
+        the drafting timings are the batch's (`batch`), not the pair's: they are not kept."""
+        alone = self.batch is None
         return {
             "verify": {str(b): t for b, t in sorted(self.verify_costs.by_size.items())},
-            "draft_cost": self.draft_costs.per_token,
-            "draft_by_n": {str(n): t for n, t in sorted(self.draft_costs.by_n.items())},
-            "resume_cost": self.draft_costs.resume,
+            "draft_cost": self.draft_costs.per_token if alone else None,
+            "draft_by_n": {str(n): t for n, t in sorted(self.draft_costs.by_n.items())} if alone else None,
+            "resume_cost": self.draft_costs.resume if alone else None,
             "alpha": self.alpha,
             "by_position": self.acceptance_by_position(),
             "trials": self.acceptance.trials,
@@ -251,7 +274,7 @@ class KController:
 
     def snapshot(self) -> dict:
         """JSON-serialisable summary for logs, the bench and the TUI."""
-        costs = bool(self.verify_costs.by_size)
+        costs = self.costs_known()
         thr = self._throughput(self.k_max) if costs else None
         return {
             "mode": "fixed" if self.fixed_k is not None else "adaptive",
@@ -263,7 +286,7 @@ class KController:
             "draft_cost": self.draft_costs.per_token,
             "resume_cost": self.draft_costs.resume,
             "verify_cost_measured": {str(b): t for b, t in sorted(self.verify_costs.by_size.items())},
-            "verify_cost_curve": self.verify_costs.fitted().tolist() if costs else None,
+            "verify_cost_curve": self.verify_curve(self.k_max + 1).tolist() if costs else None,
             "expected_speedup": (thr / thr[0]).tolist() if costs else None,
             "best_k": int(np.argmax(thr)) if costs else None,
             "probe_every": self.probes.every,
