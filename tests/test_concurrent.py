@@ -251,3 +251,43 @@ def test_a_wrong_rule_sharing_its_batches_fails(tiny, monkeypatch):
     result = law_check(ref, runs)
     print("residual_is_p", result)
     assert result["rank"] >= result["rank_crit"] or not result["first"].ok, f"the wrong rule passed: {result}"
+
+
+def test_a_request_goes_to_the_slot_holding_most_of_its_prompt(pooled):
+    prompts = [pooled.session.prompt_tokens(t, True) for t in TEXTS[:2]]
+    decode = DecodeConfig(max_tokens=4, k=0)
+    generate(pooled, prompts[0], GREEDY, decode, None)
+    held = [i for i in range(4) if pooled.cached(i)[:len(prompts[0]) - 1] == prompts[0][:-1]]
+    assert len(held) == 1
+    follow_up = prompts[0] + [1, 2, 3]
+    assert pooled.acquire(follow_up) == held[0]
+    try:
+        other = pooled.acquire(prompts[1])
+        assert other is not None and other != held[0]
+        pooled.release(other)
+    finally:
+        pooled.release(held[0])
+
+
+# -- the options ---------------------------------------------------------------------------------
+
+from typer.testing import CliRunner   # noqa: E402
+
+from localspec.cli.app import app   # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["serve", "--parallel", "0"], "--parallel must be between 1 and"),
+    (["serve", "--parallel", "33"], "--parallel must be between 1 and"),
+    (["bench", "--concurrency", "1,x"], "--concurrency takes numbers like 1,2,4"),
+    (["bench", "--concurrency", "0"], "--concurrency levels must be between 1 and"),
+    (["bench", "--concurrency", "2", "--compare", "llama-cpp-python"], "--compare runs one generation at a time"),
+])
+def test_bad_concurrency_options_are_one_error_line_and_exit_2(args, needle):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in result.output, err
+    assert needle in err
