@@ -179,7 +179,7 @@ class Session:
         plan = fit_threads((target, draft), cfg.threads, cfg.reserve_cores, loading)
         if plan.warning:
             (notice or (lambda m: print(m, file=sys.stderr, flush=True)))(f"localspec: {plan.warning}")
-        return cls(target, draft, drafter, plan, n_ctx=min(cfg.n_ctx, target.n_ctx))
+        return cls(target, draft, drafter, plan, n_ctx=cfg.n_ctx)
 
     def make_drafter(self, kind: str | None = None, draft=None) -> Drafter | None:
         """A new drafter of `kind` (default: the session's); `draft`: the draft model's part it

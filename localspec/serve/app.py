@@ -354,6 +354,8 @@ class Server:
     def _controller(self, slot: int, temperature: float, drafter) -> KController:
         """Slot `slot`'s controller for this drafter and temperature band: one generation uses a
         controller at a time, so the slots' threads never share one."""
+        if self._controllers is None:   # dropped (a test's new defaults): all made anew
+            self._controllers = [None] * self.parallel
         if self._controllers[slot] is None:   # made on first use, from the defaults then in force
             self._controllers[slot] = Controllers(self.session, k=self.defaults.k, warm=self.warm_start)
         return self._controllers[slot].get(drafter, temperature)
@@ -364,7 +366,7 @@ class Server:
             if not (force or self._since_save >= SAVE_EVERY) or not self.warm_start:
                 return
             self._since_save = 0
-            for kept in self._controllers:
+            for kept in self._controllers or ():
                 if kept is not None:
                     kept.save_all()
 
