@@ -48,14 +48,18 @@ def pooled(model_paths):
     session.close()
 
 
-def generate(pool: SlotPool, prompt, sampling, decode, kind: str | None, seed: int = 0) -> list[int]:
-    """One generation in a free slot of `pool`, from the calling thread."""
+def generate(pool: SlotPool, prompt, sampling, decode, kind: str | None, seed: int = 0,
+             start: threading.Barrier | None = None) -> list[int]:
+    """One generation in a free slot of `pool`, from the calling thread; with `start`, it begins
+    only once every thread of that barrier takes part in the batch (none decodes alone first)."""
     slot = pool.acquire(prompt)
     try:
         pool.clear(slot)
         controller = KController(decode.k_max, fixed_k=decode.k)
         drafter = pool.drafter(slot, kind) if kind else None
         with pool.generating(slot, controller):
+            if start is not None:
+                start.wait(60)
             steps = generate_steps(pool.targets[slot], drafter, prompt, sampling, decode, controller,
                                    np.random.default_rng(seed))
             return [t for s in steps for t in s.tokens]
@@ -63,14 +67,17 @@ def generate(pool: SlotPool, prompt, sampling, decode, kind: str | None, seed: i
         pool.release(slot)
 
 
-def together(pool: SlotPool, jobs) -> list[list[int]]:
-    """Run every (prompt, sampling, decode, kind, seed) job in its own thread at once."""
+def together(pool: SlotPool, jobs, aligned: bool = False) -> list[list[int]]:
+    """Run every (prompt, sampling, decode, kind, seed) job in its own thread at once; `aligned`:
+    none starts before all take part (else a thread may finish a step before another joins, as
+    requests arriving at different times do)."""
     out: list = [None] * len(jobs)
     errors: list = []
+    start = threading.Barrier(len(jobs)) if aligned else None
 
     def run(i, job):
         try:
-            out[i] = generate(pool, *job)
+            out[i] = generate(pool, *job, start=start)
         except BaseException as e:   # noqa: BLE001 - reported below
             errors.append(e)
     threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
@@ -116,7 +123,8 @@ def test_one_target_decode_per_step_holds_every_generation(pooled):
         seen(model, n, logit_rows, seconds)
     pooled.batcher.on_decode = spy
     try:
-        out = together(pooled, [(p, GREEDY, DecodeConfig(max_tokens=24, k=0), None, 0) for p in prompts])
+        out = together(pooled, [(p, GREEDY, DecodeConfig(max_tokens=24, k=0), None, 0) for p in prompts],
+                       aligned=True)
     finally:
         pooled.batcher.on_decode = seen
     # plain steps: one row per running generation (one token each; an end of generation, a step)
