@@ -25,6 +25,13 @@ MAX_BRANCHES = 8
 MAX_TREE_NODES = 64
 """The most nodes one draft tree may verify (the target's batch is its nodes plus the root)."""
 
+N_BATCH = 512
+"""--n-batch when not given: the most tokens one llama_decode takes (llama.cpp's default)."""
+
+MIN_BATCH = max(MAX_TREE_NODES, MAX_DRAFT) + 1
+"""The smallest --n-batch: a verify batch (the largest draft tree, or -k 64, and the last token)
+must fit one decode."""
+
 
 def parse_tree(text: str) -> str | tuple[int, ...]:
     """`--tree`: "auto" (the controller chooses the tree per step), "off" (chains only), or a SHAPE:
@@ -97,6 +104,81 @@ class SamplingConfig:
                 "min_p": self.min_p, "seed": self.seed}
 
 
+FLASH_ATTN = ("auto", "on", "off")
+"""--flash-attn: llama.cpp decides per device (auto), always, or never."""
+
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+"""KV cache types llama.cpp accepts (`common/arg.cpp` kv_cache_types); a quantized V cache needs
+flash attention."""
+
+SPLIT_MODES = ("none", "layer", "row", "tensor")
+"""--split-mode as llama.cpp defines it: one device only, layers (and their KV) across devices,
+weights split by rows, or tensor parallelism (experimental in llama.cpp)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where llama.cpp puts one model's layers, and how it stores the model's KV cache."""
+
+    rpc: tuple[str, ...] = ()
+    """llama.cpp RPC workers (HOST:PORT) whose devices take layers, ahead of local GPUs (as
+    llama.cpp orders them); empty: local devices only."""
+    split_mode: str = "layer"
+    """How layers spread over several devices (`SPLIT_MODES`)."""
+    tensor_split: tuple[float, ...] = ()
+    """Proportion of the model per device, in device order (RPC workers first); empty: by free
+    memory, llama.cpp's default."""
+    main_gpu: int = 0
+    """The device used with split mode none (and for intermediate results with row)."""
+    flash_attn: str = "auto"
+    """Flash attention: auto, on or off (`FLASH_ATTN`)."""
+    cache_type_k: str = "f16"
+    """Type of the KV cache's keys (`CACHE_TYPES`)."""
+    cache_type_v: str = "f16"
+    """Type of the KV cache's values (`CACHE_TYPES`); quantized needs flash attention."""
+
+    def __post_init__(self) -> None:
+        for endpoint in self.rpc:
+            host, _, port = endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"--rpc takes HOST:PORT[,HOST:PORT...], got {endpoint!r}")
+        if len(set(self.rpc)) != len(self.rpc):
+            raise ConfigError(f"--rpc names a worker twice: {','.join(self.rpc)}")
+        if self.split_mode not in SPLIT_MODES:
+            raise ConfigError(f"--split-mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
+        if any(not 0 <= x < float("inf") for x in self.tensor_split) or \
+                (self.tensor_split and sum(self.tensor_split) <= 0):
+            raise ConfigError("--tensor-split takes proportions >= 0, not all 0, like 3,1 "
+                              f"(got {','.join(f'{x:g}' for x in self.tensor_split)})")
+        if self.main_gpu < 0:
+            raise ConfigError(f"--main-gpu must be >= 0, got {self.main_gpu}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise ConfigError(f"--flash-attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
+        for which in ("k", "v"):
+            value = getattr(self, f"cache_type_{which}")
+            if value not in CACHE_TYPES:
+                raise ConfigError(f"--cache-type-{which} must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
+        if self.cache_type_v not in ("f32", "f16", "bf16") and self.flash_attn == "off":
+            raise ConfigError(f"a {self.cache_type_v} V cache needs flash attention (--flash-attn on or auto)")
+
+    def record(self) -> dict:
+        """The settings that differ from llama.cpp's defaults (what reports and warm-start keys
+        record)."""
+        default = Placement()
+        return {name: getattr(self, name) for name in self.__dataclass_fields__
+                if getattr(self, name) != getattr(default, name)}
+
+
+def parse_list(text: str | None, what: str, kind=str) -> tuple:
+    """A comma-separated option value (`--rpc a:1,b:2`, `--tensor-split 3,1`) as a tuple."""
+    if text is None or not str(text).strip():
+        return ()
+    try:
+        return tuple(kind(x.strip()) for x in str(text).replace("/", ",").split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{what} takes a comma-separated list, got {text!r}") from None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Where a GGUF lives and how llama.cpp should run it."""
@@ -109,7 +191,7 @@ class ModelConfig:
     """CPU threads for decoding; None uses llama.cpp's choice for this machine."""
     n_gpu_layers: int = -1
     """Layers offloaded to the GPU; -1 means all (ignored by CPU-only builds)."""
-    n_batch: int = 512
+    n_batch: int = N_BATCH
     """Largest number of tokens handed to one llama_decode call (prefill is chunked by it)."""
     n_seq: int = 1
     """Sequences the KV cache holds (the branches of a draft tree, concurrent requests). Above 1
@@ -120,6 +202,8 @@ class ModelConfig:
     to several sequences only there). False: each sequence has n_ctx / n_seq cells of its own
     (llama.cpp's non-unified cache), so its attention never sums over another's cells, and its
     logits do not depend on what other sequences hold (concurrent generations without trees)."""
+    placement: Placement = Placement()
+    """Devices (local, RPC workers), split, flash attention and KV cache types."""
 
     def __post_init__(self) -> None:
         if self.n_seq < 1:

@@ -117,6 +117,10 @@ def threads_default(path: tuple[str, ...]) -> int | None:
     """The thread count `path` uses when --threads is not given, as its code computes it."""
     from localspec.cli import options as cli_options
 
+    if path == ("worker",):   # a worker serves with every core: its machine does nothing else
+        from localspec.machine import usable_cpus
+
+        return usable_cpus()
     return cli_options.threads_default(path[0]) if path else None
 
 
@@ -163,6 +167,22 @@ def _no_cap(phrase: str, at: At) -> None:
     assert phrase.startswith("no cap") and at.param.default is None
 
 
+def _by_free_memory(phrase: str, at: At) -> None:
+    # no split given: llama.cpp's own (its devices' free memory decides)
+    assert phrase == "by free memory" and resolved().load.target_placement.tensor_split == ()
+
+
+def _gpus_else_cpu(phrase: str, at: At) -> None:
+    from localspec.engine import rpc
+
+    assert phrase == "every local GPU, else the CPU"
+    assert rpc.worker_devices() == (rpc.local_gpus() or rpc.worker_devices(("CPU",)))
+
+
+def _no_worker_cache(phrase: str, at: At) -> None:
+    assert phrase == "no cache" and at.param.default is None
+
+
 def _value(get: Callable) -> Callable:
     """A check that the written default is `get()` (a number compared as one)."""
     def check(phrase: str, at: At) -> None:
@@ -189,6 +209,18 @@ REAL_DEFAULTS: dict[str, Callable[[str, At], None]] = {
     "doctor --drafter": _doctor_drafters,
     "history show --md": _markdown_by_default,
     "serve --host": _loopback,
+    "worker --host": _loopback,
+    "worker --cache-dir": _no_worker_cache,
+    "worker --device": _gpus_else_cpu,
+    "--tensor-split": _by_free_memory,
+    "--split-mode": _value(lambda: resolved().load.target_placement.split_mode),
+    "--main-gpu": _value(lambda: resolved().load.target_placement.main_gpu),
+    "--flash-attn": _value(lambda: resolved().load.target_placement.flash_attn),
+    "--cache-type-k": _value(lambda: resolved().load.target_placement.cache_type_k),
+    "--cache-type-v": _value(lambda: resolved().load.target_placement.cache_type_v),
+    "--draft-cache-type-k": _value(lambda: resolved().load.draft_placement.cache_type_k),
+    "--draft-cache-type-v": _value(lambda: resolved().load.draft_placement.cache_type_v),
+    "--n-batch": _value(lambda: resolved().load.n_batch),
     "chat --max-tokens": _no_cap,
 }
 """Option (or "command option", which wins) -> a check of a default written in the help's words

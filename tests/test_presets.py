@@ -194,3 +194,32 @@ def test_preset_dir_prefers_installed_copy(monkeypatch, tmp_path):
     (fake_pkg / "_models").mkdir(parents=True)
     monkeypatch.setattr(presets, "__file__", str(fake_pkg / "loading" / "presets.py"))
     assert preset_dir() == (fake_pkg / "_models").resolve()
+
+
+def test_a_preset_sets_the_device_options_and_a_flag_overrides_them(tmp_path):
+    from localspec.cli.options import placements
+
+    text = GOOD + "gpu: {flash_attn: on, cache_type_k: q8_0, cache_type_v: q8_0, n_batch: 1024, tensor_split: [3, 1]}\n"
+    p = load_preset(write(tmp_path, text))
+    # YAML reads a bare `on` as true: it is flash attention on
+    assert p.gpu == {"flash_attn": "on", "cache_type_k": "q8_0", "cache_type_v": "q8_0", "n_batch": 1024,
+                     "tensor_split": "3,1"}
+    got = placements({}, p.gpu)
+    assert (got["target_placement"].flash_attn, got["target_placement"].cache_type_v, got["n_batch"]) == ("on", "q8_0", 1024)
+    assert got["target_placement"].tensor_split == (3.0, 1.0) and got["draft_placement"].flash_attn == "on"
+    assert got["draft_placement"].cache_type_k == "f16"   # the draft's own types are separate
+    flagged = placements({"cache_type_k": "q4_0", "n_batch": 256}, p.gpu)
+    assert (flagged["target_placement"].cache_type_k, flagged["n_batch"]) == ("q4_0", 256)
+    assert load_preset(write(tmp_path, GOOD)).gpu == {}
+
+
+@pytest.mark.parametrize("gpu, says", [
+    ("{flash_attn: maybe}", "flash_attn must be one of auto, on, off"),
+    ("{cache_type_v: q8_0, flash_attn: off}", "needs flash attention"),
+    ("{n_batch: 8}", "gpu.n_batch: must be an integer >= 65"),
+    ("{rpc: 'a:1'}", "gpu.rpc: unknown field"),
+    ("[on]", "gpu: must be a mapping"),
+])
+def test_bad_device_settings_name_the_field(tmp_path, gpu, says):
+    message = error_of(write(tmp_path, GOOD + f"gpu: {gpu}\n"))
+    assert says in message

@@ -97,6 +97,32 @@ def test_quitting_mid_reply_saves_it_partial(store):
     assert CODE_REPLY.startswith(last.content) and last.content == app.chat.history[-1]["content"]
 
 
+def test_a_lost_rpc_worker_keeps_the_reply_so_far(store, monkeypatch):
+    """What the abort callback runs before its one line (engine.rpc): the reply so far is saved,
+    marked partial, and the terminal given back."""
+    from localspec.engine import rpc
+
+    async def scenario():
+        app = scripted_app(store=store, gate_after=12)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            await mid_reply(pilot, "Write a function that adds two numbers.")
+            left: list = []
+            monkeypatch.setattr("localspec_tui.terminal.restore_terminal", lambda driver: left.append(True))
+            assert len(rpc._hooks) == 1
+            for hook in list(rpc._hooks):
+                hook()
+            last = store.get(app.saver.conv).messages[-1]
+            assert left == [True]
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.busy)
+            return last
+
+    last = run(scenario())
+    assert last.role == "assistant" and last.partial and last.content and CODE_REPLY.startswith(last.content)
+    assert rpc._hooks == []   # the hook lives only while a reply is generated
+
+
 def test_no_save_keeps_nothing(db):
     from localspec_tui.cli import open_history
 

@@ -30,6 +30,7 @@ from .messages import Loaded, LoadFailed, LoadProgress, Notice, PromptReady, Rep
 from .prompt import ChatInput
 from .reply import ReplyView
 from .saving import Saver, reply_stats, settings_of
+from .terminal import keep_on_loss
 from .widgets import Legend, MessageRow, NoticeLine, SpecPanel, one_line, pair_label, short_name, speaker
 
 PANEL_HZ = 4
@@ -181,16 +182,15 @@ class ChatApp(Commands, App):
             if writer is not None:
                 writer.append(chunk.text)   # written at most every few seconds (history.FLUSH_SECONDS)
 
+        forget = keep_on_loss(writer, self)   # a lost RPC worker ends the process: the reply stays
         try:
             reply = chat.reply(prepared, on_chunk)
         except Exception as e:
-            if continued:   # the reply keeps what the continuation wrote, as if stopped
-                if writer is not None:
-                    writer.finish(partial=True)
-            else:
-                saver.take_back(user_msg, writer)
+            saver.reply_failed(continued, user_msg, writer)
             self.post_message(ReplyFailed(turn, one_line(e), continued))
             return
+        finally:
+            forget()
         # A continuation that added nothing keeps the reply's numbers (None: the stored ones stay).
         stats = reply_stats(reply, chat, sampling, k) if reply.n_tokens or not continued else None
         if writer is not None:   # stopped by Esc or by quitting: kept, marked partial

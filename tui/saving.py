@@ -101,6 +101,14 @@ class Saver:
         last = conv.messages[-1] if saved and conv.messages else None
         self.last_reply = last.id if last is not None and last.role == "assistant" else None
 
+    def reply_failed(self, continued: bool, user_msg: int | None, writer: ReplyWriter | None) -> None:
+        """A reply ended in an error: a continuation keeps what it wrote, as if stopped; a new turn
+        is taken back."""
+        if not continued:
+            self.take_back(user_msg, writer)
+        elif writer is not None:
+            writer.finish(partial=True)
+
     def take_back(self, user_msg: int | None, writer: ReplyWriter | None) -> None:
         """The turn failed and the chat forgot it: so does the store."""
         self.last_reply = None

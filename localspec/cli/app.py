@@ -192,9 +192,10 @@ def summary_line(r: dict) -> str:
 
 
 def _register_commands() -> None:
-    from . import bench as cli_bench, doctor as cli_doctor, history as cli_history, presets as cli_presets, serve as cli_serve
+    from . import (bench as cli_bench, doctor as cli_doctor, history as cli_history, presets as cli_presets,
+                   serve as cli_serve, worker as cli_worker)
 
-    for module in (cli_presets, cli_bench, cli_doctor, cli_serve, cli_history):
+    for module in (cli_presets, cli_bench, cli_doctor, cli_serve, cli_worker, cli_history):
         module.register(app)
     # Commands from other packages (the terminal UI registers `chat`) arrive through entry points,
     # so this package never imports them directly.

@@ -46,6 +46,8 @@ def register(app: typer.Typer) -> None:
                 target_path, draft_path, drafters, n_ctx=opts.load.n_ctx, threads=opts.load.threads,
                 gpu_layers={"target": opts.load.target_gpu_layers, "draft": opts.load.draft_gpu_layers},
                 sampling=opts.sampling, seconds=seconds, forget=forget, save_anyway=save_anyway,
+                placement={"target": opts.load.target_placement, "draft": opts.load.draft_placement},
+                n_batch=opts.load.n_batch,
             )
         except (ConfigError, EngineError, OSError) as e:
             o.fail(e)

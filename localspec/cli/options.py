@@ -18,7 +18,8 @@ from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
 
 import typer
 
-from localspec.config import MAX_BRANCHES, MAX_DRAFT, NEEDS_DRAFT, ConfigError, DecodeConfig, SamplingConfig, parse_tree
+from localspec.config import (CACHE_TYPES, MAX_BRANCHES, MAX_DRAFT, N_BATCH, NEEDS_DRAFT, ConfigError, DecodeConfig,
+                              Placement, SamplingConfig, parse_list, parse_tree)
 from localspec.loading.defaults import MAX_SHOWN, TARGET_FILE, shown
 
 Target = Annotated[Optional[str], typer.Option(
@@ -80,9 +81,44 @@ Preset = Annotated[Optional[str], typer.Option(
 NoWarmStart = Annotated[bool, typer.Option(
     "--no-warm-start", help="Start the k controller from nothing: neither read nor save what earlier runs learned.")]
 
+Rpc = Annotated[Optional[str], typer.Option(
+    "--rpc", metavar="WORKERS", help=(
+        "llama.cpp RPC workers, HOST:PORT[,HOST:PORT...] (`localspec worker`, or llama.cpp's rpc-server), that "
+        "hold the target's layers, ahead of local GPUs; the draft stays local."))]
+TensorSplit = Annotated[Optional[str], typer.Option(
+    "--tensor-split", metavar="PROPORTIONS", help=(
+        "Proportion of the target per device, in llama.cpp's order (RPC workers first), e.g. 3,1 "
+        "(default: by free memory)."))]
+SplitMode = Annotated[Optional[str], typer.Option(
+    "--split-mode", metavar="none|layer|row|tensor",
+    help="How the target spreads over devices: one only, layers (default), rows, tensor parallel.")]
+MainGpu = Annotated[Optional[int], typer.Option(
+    "--main-gpu", help="The target's device with --split-mode none, or for row's intermediate results (default 0).")]
+FlashAttn = Annotated[Optional[str], typer.Option(
+    "--flash-attn", metavar="auto|on|off", help="Flash attention for both models (default auto: llama.cpp decides).")]
+CacheTypeK = Annotated[Optional[str], typer.Option(
+    "--cache-type-k", metavar="TYPE",
+    help=f"The target's KV cache keys: {', '.join(CACHE_TYPES)} (default f16).")]
+CacheTypeV = Annotated[Optional[str], typer.Option(
+    "--cache-type-v", metavar="TYPE", help="The target's KV cache values (default f16; quantized needs flash attention).")]
+DraftCacheTypeK = Annotated[Optional[str], typer.Option(
+    "--draft-cache-type-k", metavar="TYPE", help="The draft's KV cache keys (default f16).")]
+DraftCacheTypeV = Annotated[Optional[str], typer.Option(
+    "--draft-cache-type-v", metavar="TYPE", help="The draft's KV cache values (default f16).")]
+NBatch = Annotated[Optional[int], typer.Option(
+    "--n-batch", help=f"Most tokens one llama_decode takes, for both models (default {N_BATCH}; prompts are "
+                      f"read in pieces of this size).")]
+
 MODELS = {"preset": Preset, "target": Target, "draft": Draft, "n_ctx": NCtx, "threads": Threads,
-          "target_gpu_layers": TargetGpuLayers, "draft_gpu_layers": DraftGpuLayers}
-"""Which models to load and how: `doctor` takes these."""
+          "target_gpu_layers": TargetGpuLayers, "draft_gpu_layers": DraftGpuLayers,
+          "rpc": Rpc, "tensor_split": TensorSplit, "split_mode": SplitMode, "main_gpu": MainGpu,
+          "flash_attn": FlashAttn, "cache_type_k": CacheTypeK, "cache_type_v": CacheTypeV,
+          "draft_cache_type_k": DraftCacheTypeK, "draft_cache_type_v": DraftCacheTypeV, "n_batch": NBatch}
+"""Which models to load and how (files, threads, devices and workers, KV cache): `doctor` takes
+these."""
+DEVICE_OPTIONS = ("rpc", "tensor_split", "split_mode", "main_gpu", "flash_attn", "cache_type_k",
+                  "cache_type_v", "draft_cache_type_k", "draft_cache_type_v", "n_batch")
+"""The options a preset's `gpu` mapping may set too (all but --rpc, which names machines)."""
 
 
 def models_for(command: str) -> dict:
@@ -263,9 +299,11 @@ def resolve_options(
     target_gpu_layers: int | None,
     draft_gpu_layers: int | None,
     tree: str | None = None,
+    **devices: Any,
 ) -> Resolved:
     """Shared by every command, so that every command reads options the same way. `tree` is the
-    --tree value; None (a command without the option: doctor) is "off"."""
+    --tree value; None (a command without the option: doctor) is "off". `devices`: the
+    DEVICE_OPTIONS (absent or None: the preset's `gpu` value, else llama.cpp's default)."""
     from localspec.loading.session import LoadConfig
 
     base = SamplingConfig()
@@ -303,11 +341,27 @@ def resolve_options(
         target_gpu_layers=pick(target_gpu_layers, -1),
         draft_gpu_layers=pick(draft_gpu_layers, -1),
         n_seq=DecodeConfig(tree=tree_value).n_seq,
+        **placements({name: devices.get(name) for name in DEVICE_OPTIONS}, p.gpu if p is not None else {}),
     )
     k_value = parse_k(k) if k is not None else (p.k if p is not None else None)
     return Resolved(load, sampling, k_value, tree_value)
 
 
+
+
+def placements(given: Mapping[str, Any], preset: Mapping[str, Any]) -> dict:
+    """LoadConfig's target_placement, draft_placement and n_batch from the device options (a flag
+    over the preset's value): the target takes the workers and the split, both models flash
+    attention, each its own cache types."""
+    value = {name: given.get(name) if given.get(name) is not None else preset.get(name) for name in DEVICE_OPTIONS}
+    flash = value["flash_attn"] or "auto"
+    target = Placement(
+        rpc=parse_list(value["rpc"], "--rpc"), split_mode=value["split_mode"] or "layer",
+        tensor_split=parse_list(value["tensor_split"], "--tensor-split", float), main_gpu=value["main_gpu"] or 0,
+        flash_attn=flash, cache_type_k=value["cache_type_k"] or "f16", cache_type_v=value["cache_type_v"] or "f16")
+    draft = Placement(flash_attn=flash, cache_type_k=value["draft_cache_type_k"] or "f16",
+                      cache_type_v=value["draft_cache_type_v"] or "f16")
+    return {"target_placement": target, "draft_placement": draft, "n_batch": value["n_batch"] or N_BATCH}
 
 
 def _usable_threads(threads: int | None) -> int | None:

@@ -19,7 +19,7 @@ from localspec import engine, machine
 from localspec.loading import warmstart
 from localspec.loading.vocab import compare as compare_vocab
 from .calibrate import calibrate, chat_tokens
-from localspec.config import SamplingConfig
+from localspec.config import N_BATCH, Placement, SamplingConfig
 from localspec.loading.session import fit_threads
 
 MIN_SPEEDUP = 1.05    # below this, speculation is not worth it: recommend --drafter none
@@ -126,13 +126,17 @@ def model_shape(model) -> dict:
     }
 
 
-def kv_bytes(shape: dict, n_ctx: int, bytes_per_value: int = 2) -> int | None:
-    """f16 K and V for every layer: sum over layers of n_ctx × n_head_kv × (key_len + value_len) × 2 B."""
+def kv_bytes(shape: dict, n_ctx: int, cache_types: tuple[str, str] = ("f16", "f16")) -> int | None:
+    """K and V for every layer in the cache types (k, v): sum over layers of
+    n_ctx × n_head_kv × (key_len × bytes per K value + value_len × bytes per V value)."""
+    from localspec.engine.placement import BYTES_PER_VALUE
+
     heads, dk, dv = shape["n_head_kv"], shape["key_length"], shape["value_length"]
     if not heads or not dk or not dv:
         return None
     per_layer = heads if isinstance(heads, list) else [heads] * shape["n_layer"]
-    return sum(per_layer) * n_ctx * (dk + dv) * bytes_per_value
+    bk, bv = (BYTES_PER_VALUE[t] for t in cache_types)
+    return int(sum(per_layer) * n_ctx * (dk * bk + dv * bv))
 
 
 def system_memory() -> dict:
@@ -156,27 +160,35 @@ def system_memory() -> dict:
 
 
 def memory_report(shapes: dict[str, dict], n_ctx: int, gpu_layers: dict[str, int], build: dict,
-                  ram: dict | None = None) -> dict:
-    """Weights + KV per model at n_ctx, where they live (offloaded layers go to the GPU), and
-    whether that fits. Compute buffers are not counted, so 'tight' already means trouble. `ram`
-    should be read before the models were loaded (default: now)."""
+                  ram: dict | None = None, placement: dict[str, Placement] | None = None,
+                  workers: list[dict] | None = None) -> dict:
+    """Weights + KV per model at n_ctx in its cache types, where they live (offloaded layers go to
+    the GPU, or to the RPC workers of `placement`), and whether that fits. Compute buffers are not
+    counted, so 'tight' already means trouble. `ram` should be read before the models were loaded
+    (default: now); `workers`: the RPC devices (`engine.backend_devices`)."""
     ram = ram or system_memory()
-    out: dict = {"n_ctx": n_ctx, "kv_type": "f16", "models": {}, "ram": ram, "gpus": build["gpus"]}
-    need = {"ram": 0, "gpu": 0}
+    placement = placement or {}
+    types = {role: (p.cache_type_k, p.cache_type_v) for role, p in placement.items()}
+    out: dict = {"n_ctx": n_ctx, "kv_type": "/".join(types.get("target", ("f16", "f16"))),
+                 "kv_types": {role: "/".join(types.get(role, ("f16", "f16"))) for role in shapes},
+                 "models": {}, "ram": ram, "gpus": build["gpus"]}
+    need = {"ram": 0, "gpu": 0, "workers": 0}
     notes = []
     for role, s in shapes.items():
-        kv = kv_bytes(s, n_ctx) or 0
+        kv = kv_bytes(s, n_ctx, types.get(role, ("f16", "f16"))) or 0
         layers = gpu_layers.get(role, -1)
-        share = 0.0 if not build["gpu_offload"] else 1.0 if layers < 0 else min(layers, s["n_layer"]) / s["n_layer"]
+        remote = role in placement and bool(placement[role].rpc)
+        offload = build["gpu_offload"] or remote
+        share = 0.0 if not offload else 1.0 if layers < 0 else min(layers, s["n_layer"]) / s["n_layer"]
         total = s["size_bytes"] + kv
-        need["gpu"] += int(share * total)
+        need["workers" if remote else "gpu"] += int(share * total)
         need["ram"] += total - int(share * total)
         out["models"][role] = {"weights_bytes": s["size_bytes"], "kv_bytes": kv, "total_bytes": total,
                                "gpu_share": share}
         if s["sliding_window"]:
             notes.append(f"{role} uses sliding-window attention: its KV estimate is an upper bound")
-    out["total_bytes"] = need["ram"] + need["gpu"]
-    out["ram_bytes"], out["gpu_bytes"] = need["ram"], need["gpu"]
+    out["total_bytes"] = need["ram"] + need["gpu"] + need["workers"]
+    out["ram_bytes"], out["gpu_bytes"], out["workers_bytes"] = need["ram"], need["gpu"], need["workers"]
     verdicts = []
     avail = ram["available"] or ram["total"]
     if avail:
@@ -189,6 +201,10 @@ def memory_report(shapes: dict[str, dict], n_ctx: int, gpu_layers: dict[str, int
             verdicts.append(_fit(need["gpu"] + need["ram"], 0.75 * ram["total"]))  # unified memory
         else:
             notes.append("GPU memory size unknown: check it with nvidia-smi or your OS")
+    if need["workers"]:   # layers spread over the workers (and any local GPU): their memory together
+        free = sum(d.get("memory_free") or 0 for d in workers or [])
+        if free:
+            verdicts.append(_fit(need["workers"], free))
     order = ["fits", "tight", "won't fit"]
     out["verdict"] = max(verdicts, key=order.index) if verdicts else "unknown"
     out["fits"] = out["verdict"] in ("fits", "tight")
@@ -262,7 +278,8 @@ def _recommend(calibration: dict, vocab: dict | None) -> dict:
 
 def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], *, n_ctx: int,
              threads: int | None, gpu_layers: dict[str, int], sampling: SamplingConfig,
-             seconds: float, forget: bool = False, save_anyway: bool = False) -> dict:
+             seconds: float, forget: bool = False, save_anyway: bool = False,
+             placement: dict[str, Placement] | None = None, n_batch: int = N_BATCH) -> dict:
     """Load the pair (at CAL_CTX: the memory section extrapolates to n_ctx) and return the
     sections build, threads (and thread_choice: why that many), models, vocab, memory,
     calibration, recommendation and warm_start (the controller's record for this pair, which a
@@ -274,12 +291,16 @@ def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], 
     for path in (target_path, draft_path):
         if path is not None:
             engine.check_gguf(path)
+    placement = placement or {}
+    engine.connect_workers(placement["target"].rpc if "target" in placement else ())   # before loading
     build = build_info()  # GPU memory and RAM are read before the models take any
     ram = system_memory()
+    devices = engine.backend_devices()
 
     def load(path: str, role: str):
         try:
-            return engine.Model(ModelConfig(path, CAL_CTX, threads or idle_threads, gpu_layers[role]))
+            return engine.Model(ModelConfig(path, CAL_CTX, threads or idle_threads, gpu_layers[role], n_batch,
+                                            placement=placement.get(role, Placement())))
         except engine.EngineError as e:
             if not build["gpu_offload"]:
                 raise
@@ -299,7 +320,8 @@ def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], 
         for role, s in shapes.items():
             s.update(gpu_layers=gpu_layers[role], threads=models[role].n_threads)
         vocab = compare_vocab(target, draft) if draft else None
-        memory = memory_report(shapes, n_ctx, gpu_layers, build, ram)
+        memory = memory_report(shapes, n_ctx, gpu_layers, build, ram, placement,
+                               [d for d in devices if d["backend"] == "RPC"])
         usable = [d for d in drafters if d != "model" or (draft is not None and vocab["compatible"])]
         calibration = None
         if seconds > 0:
@@ -313,7 +335,8 @@ def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], 
         refused = busy if busy and not save_anyway else None
         saved = [] if refused else [str(p) for p in warmstart.save_calibration(target, draft, gpu_layers, calibration)]
         warm = warmstart.describe(keys[0]) | {"forgotten": forgotten, "saved": saved, "not_saved": refused}
-        return {"build": build, "threads": plan.threads, "thread_choice": plan.as_dict() | {"warning": plan.warning},
+        return {"build": build, "devices": devices, "placement": {r: p.record() for r, p in placement.items()},
+                "threads": plan.threads, "thread_choice": plan.as_dict() | {"warning": plan.warning},
                 "models": {"target": shapes["target"], "draft": shapes.get("draft")},
                 "vocab": vocab, "memory": memory, "calibration": calibration,
                 "recommendation": recommend(calibration, vocab), "warm_start": warm}

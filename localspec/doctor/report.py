@@ -55,8 +55,15 @@ def format_report(r: dict) -> str:
     gpu = ("yes (" + ", ".join(b["gpu_backends"] or ["?"]) + ")") if b["gpu_offload"] else "no (CPU-only build)"
     add(f"build        llama-cpp-python {b['llama_cpp_python']} · GPU offload: {gpu} · backends: "
         f"{', '.join(b['backends']) or '?'}")
-    for g in b["gpus"]:
-        add(f"             GPU {g.get('name', '?')}: {_size(g.get('memory_free'))} free of {_size(g.get('memory_total'))}")
+    devices = r.get("devices") or [g | {"type": "gpu"} for g in b["gpus"]]
+    for d in devices:   # every device: local ones, and the RPC workers' (named by their address)
+        what = f"RPC worker {d['description']}" if d.get("backend") == "RPC" else d.get("description") or ""
+        add(f"             {d.get('type', 'gpu').upper():<4} {d.get('name', '?')} {what}: "
+            f"{_size(d.get('memory_free'))} free of {_size(d.get('memory_total'))}")
+    placed = {role: p for role, p in (r.get("placement") or {}).items() if p}
+    for role, p in placed.items():
+        add(f"             {role}: " + " · ".join(f"{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}"
+                                           for k, v in p.items()))
     add(f"             CPU features: {' '.join(b['cpu_features']) or '-'}")
     if r.get("thread_choice"):
         add("threads      " + _threads_line(r["thread_choice"]))
@@ -76,7 +83,10 @@ def format_report(r: dict) -> str:
         add(f"vocab        {v['verdict']}: {detail}")
     mem = r["memory"]
     parts = [f"{role} {_size(x['weights_bytes'])} + KV {_size(x['kv_bytes'])}" for role, x in mem["models"].items()]
-    where = f"RAM {_size(mem['ram_bytes'])}" + (f", GPU {_size(mem['gpu_bytes'])}" if mem["gpu_bytes"] else "")
+    where = (f"RAM {_size(mem['ram_bytes'])}" + (f", GPU {_size(mem['gpu_bytes'])}" if mem["gpu_bytes"] else "")
+             + (f", RPC workers {_size(mem['workers_bytes'])}" if mem.get("workers_bytes") else ""))
+    if mem.get("kv_type", "f16/f16") not in ("f16", "f16/f16"):
+        where += f"; KV {mem['kv_type']}"
     have = mem["ram"]["available"] or mem["ram"]["total"]
     add(f"memory       n_ctx {mem['n_ctx']}: {'; '.join(parts)} → {_size(mem['total_bytes'])} ({where}); "
         f"{_size(have)} RAM available → {mem['verdict']}")

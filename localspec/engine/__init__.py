@@ -24,11 +24,12 @@ import llama_cpp as C
 
 from localspec.config import ModelConfig
 from localspec.machine import default_threads  # noqa: F401 - the rule lives in machine; quantize takes it from here
-from . import chat, interrupt
+from . import chat, interrupt, placement
 from .batch import Batch, Sequences, logit_start
 from .backend import (_init_backend, _load_progress, _recent_log, backend_devices, gpu_offload_supported,  # noqa: F401
                       library_version, system_info)
-from .files import Cancelled, EngineError, check_gguf, load_failure
+from .files import Cancelled, EngineError, WorkerError, check_gguf, load_failure
+from .rpc import add_workers as connect_workers, on_lost as on_worker_lost  # noqa: F401
 
 
 _LONG_EVAL = 64  # evals of more tokens than this (prefill) also stop when `Model.abort_when` is set
@@ -49,6 +50,7 @@ class Model(Sequences):
         _init_backend()
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6
+        self._placed = placement.model_params(mparams, cfg.placement)   # kept alive while loading
         mparams.progress_callback = _load_progress
         _recent_log.clear()
         self._model = None
@@ -73,6 +75,7 @@ class Model(Sequences):
         self.unified = bool(cparams.kv_unified)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        placement.context_params(cparams, cfg.placement)
         self._ctx = None
         try:
             with interrupt.deferred():
@@ -84,7 +87,8 @@ class Model(Sequences):
             raise
         if not self._ctx:
             C.llama_model_free(self._model)
-            raise EngineError(f"could not create a context of {cfg.n_ctx} tokens for {self.path}")
+            why = f" ({_recent_log[-1]})" if _recent_log else ""
+            raise EngineError(f"could not create a context of {cfg.n_ctx} tokens for {self.path}{why}")
         # llama.cpp pads the context it allocates (to 256 tokens); the context is still the size
         # asked for: every length check reads n_ctx, and the padding stays unused.
         # Without a unified cache each sequence has a stream of its own: n_ctx is what one holds.

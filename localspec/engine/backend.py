@@ -7,6 +7,7 @@ that a failed load can say why (`_recent_log`), and prints everything under LOCA
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from collections import deque
 from pathlib import Path
@@ -52,8 +53,14 @@ def _init_backend() -> None:
 
 
 def gpu_offload_supported() -> bool:
+    """Whether layers can go to a local GPU: the build offloads, and (where ggml's device list can
+    be read) a GPU is here. An RPC-enabled build says it offloads with no GPU at all."""
     _init_backend()
-    return bool(C.llama_supports_gpu_offload())
+    if not C.llama_supports_gpu_offload():
+        return False
+    if ggml() is None:
+        return True
+    return any(d["type"] in ("gpu", "igpu") and d["backend"] != "RPC" for d in backend_devices())
 
 
 def system_info() -> str:
@@ -61,41 +68,67 @@ def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
-def backend_devices() -> list[dict]:
-    """Every device ggml registered (CPU, CUDA/Metal/Vulkan GPUs…) with its free/total memory.
-
-    llama-cpp-python does not bind ggml's device API, so it is called from the bundled libggml.
-    """
+@functools.cache
+def ggml() -> ctypes.CDLL | None:
+    """The bundled libggml with the prototypes of ggml's device registry, which llama-cpp-python
+    does not bind (None where the wheel's layout has no such file)."""
     _init_backend()
     libdir = Path(C.__file__).parent / "lib"
     found = [libdir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll") if (libdir / n).exists()]
     if not found:
-        return []
+        return None
     lib = ctypes.CDLL(str(found[0]))
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(lib, fn).restype = ctypes.c_char_p
-        getattr(lib, fn).argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    size_p = ctypes.POINTER(ctypes.c_size_t)
-    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_p, size_p]
-    kinds = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
-    devices = []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        devices.append({
-            "name": lib.ggml_backend_dev_name(dev).decode("utf-8", "replace"),
-            "description": lib.ggml_backend_dev_description(dev).decode("utf-8", "replace"),
-            "type": kinds.get(lib.ggml_backend_dev_type(dev), "other"),
-            "memory_free": free.value,
-            "memory_total": total.value,
-        })
-    return devices
+    p, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
+    for name, res, args in (
+            ("ggml_backend_dev_count", ctypes.c_size_t, []),
+            ("ggml_backend_dev_get", p, [ctypes.c_size_t]),
+            ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
+            ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
+            ("ggml_backend_dev_type", ctypes.c_int, [p]),
+            ("ggml_backend_dev_memory", None, [p, size_p, size_p]),
+            ("ggml_backend_dev_backend_reg", p, [p]),
+            ("ggml_backend_dev_by_name", p, [ctypes.c_char_p]),
+            ("ggml_backend_reg_name", ctypes.c_char_p, [p]),
+            ("ggml_backend_reg_by_name", p, [ctypes.c_char_p]),
+            ("ggml_backend_reg_get_proc_address", p, [p, ctypes.c_char_p]),
+            ("ggml_backend_register", None, [p]),
+            ("ggml_backend_load_all", None, []),
+            ("ggml_set_abort_callback", p, [p])):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+
+def device_handles() -> list[int]:
+    """ggml's registered devices, in registry order (pointers)."""
+    lib = ggml()
+    return [] if lib is None else [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+
+
+def describe(dev: int) -> dict:
+    """One device: its name, description (an RPC device's is its worker), kind, backend and
+    free/total memory."""
+    lib = ggml()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    reg = lib.ggml_backend_dev_backend_reg(dev)
+    return {
+        "name": lib.ggml_backend_dev_name(dev).decode("utf-8", "replace"),
+        "description": lib.ggml_backend_dev_description(dev).decode("utf-8", "replace"),
+        "type": _KINDS.get(lib.ggml_backend_dev_type(dev), "other"),
+        "backend": lib.ggml_backend_reg_name(reg).decode("utf-8", "replace") if reg else "",
+        "memory_free": free.value,
+        "memory_total": total.value,
+    }
+
+
+def backend_devices() -> list[dict]:
+    """Every device ggml registered (CPU, CUDA/Metal/Vulkan GPUs, RPC workers once added) with its
+    free/total memory."""
+    return [describe(dev) for dev in device_handles()]
 
 
 def library_version() -> str:

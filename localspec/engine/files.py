@@ -72,6 +72,10 @@ def load_failure(path: Path, log: Sequence[str]) -> str:
     return f"corrupt or unsupported GGUF? {log[-1] if log else 'llama.cpp gave no reason'}"
 
 
+class WorkerError(EngineError):
+    """An RPC worker cannot be used (unreachable, another protocol, no RPC in this build)."""
+
+
 class Cancelled(EngineError):
     """A decode stopped midway: `Model.abort_when` was set, or, off the main thread, an interrupt
     was requested (on the main thread that ends as KeyboardInterrupt); or a slot's request was

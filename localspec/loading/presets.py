@@ -9,7 +9,7 @@ typo in a hand-written preset never turns into a silently different run.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,8 +18,12 @@ import yaml
 from localspec.config import DRAFTERS, NEEDS_DRAFT, ConfigError, SamplingConfig
 from .defaults import EMBEDDED, MAX_PRESET_BYTES, read_capped, shown
 
-_TOP_FIELDS = {"description", "target", "draft", "drafter", "sampling", "k", "n_ctx", "note", "verified"}
-_OPTIONAL = {"draft", "note"}
+_TOP_FIELDS = {"description", "target", "draft", "drafter", "sampling", "k", "n_ctx", "note", "verified", "gpu"}
+_OPTIONAL = {"draft", "note", "gpu"}
+GPU_FIELDS = ("flash_attn", "cache_type_k", "cache_type_v", "draft_cache_type_k", "draft_cache_type_v",
+              "n_batch", "split_mode", "tensor_split", "main_gpu")
+"""What a preset's optional `gpu` mapping may set: the device options of the same names (a flag
+overrides each); RPC workers name machines, so only the command line gives them."""
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
 MAX_DEPTH = 16
 """How deep a preset's YAML may nest (a real one: 3 levels). PyYAML builds nodes recursively, so a
@@ -78,6 +82,8 @@ class Preset:
     """True when the repo ids and file names were checked against the hub."""
     path: Path
     """The YAML file this preset was read from."""
+    gpu: dict = field(default_factory=dict)
+    """Device options (`GPU_FIELDS`) the preset sets: flash attention, KV cache types, batch, split."""
 
     def sampling(self, seed: int | None = None) -> SamplingConfig:
         """The preset's suggested sampling settings as a SamplingConfig."""
@@ -201,7 +207,32 @@ def _parse(path: Path, data: Any) -> Preset:
     if not isinstance(data["verified"], bool):
         raise fail("verified", f"must be true or false, got {shown(data['verified'])}")
 
+    gpu = data.get("gpu") or {}
+    if not isinstance(gpu, dict):
+        raise fail("gpu", f"must be a mapping, got {_kind(gpu)}")
+    _check_keys(gpu, set(GPU_FIELDS), set(), "gpu.", fail)
+    gpu = {key: ",".join(map(str, v)) if isinstance(v, list) else v for key, v in gpu.items()}
+    if isinstance(gpu.get("flash_attn"), bool):   # YAML reads a bare on/off as true/false
+        gpu["flash_attn"] = "on" if gpu["flash_attn"] else "off"
+    if "n_batch" in gpu:
+        from localspec.config import MIN_BATCH
+
+        _integer(gpu["n_batch"], "gpu.n_batch", fail, MIN_BATCH)
+    try:   # the values are checked by the rule the flags go through
+        from localspec.config import Placement, parse_list
+
+        Placement(split_mode=gpu.get("split_mode", "layer"), main_gpu=gpu.get("main_gpu", 0),
+                  flash_attn=gpu.get("flash_attn", "auto"),
+                  tensor_split=parse_list(gpu.get("tensor_split"), "tensor_split", float),
+                  cache_type_k=gpu.get("cache_type_k", "f16"), cache_type_v=gpu.get("cache_type_v", "f16"))
+        Placement(cache_type_k=gpu.get("draft_cache_type_k", "f16"), cache_type_v=gpu.get("draft_cache_type_v", "f16"))
+    except ConfigError as e:
+        raise fail("gpu", str(e).replace("--", "").replace("-", "_")) from None
+    except TypeError as e:
+        raise fail("gpu", str(e)) from None
+
     return Preset(
+        gpu=gpu,
         name=path.stem,
         description=data["description"].strip(),
         target=target,

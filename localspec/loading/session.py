@@ -12,11 +12,11 @@ from typing import Callable
 
 from localspec import machine
 from . import vocab
-from localspec.config import DRAFTERS, NEEDS_DRAFT, ConfigError, ModelConfig
+from localspec.config import DRAFTERS, MIN_BATCH, N_BATCH, NEEDS_DRAFT, ConfigError, ModelConfig, Placement
 from localspec.tokens import prompt_fits
 from localspec.decoding.drafters import Drafter, ModelDrafter, PromptLookup
 from localspec.decoding.auto import AutoDrafter
-from localspec.engine import EngineError, Model, check_gguf, load_failure
+from localspec.engine import EngineError, Model, WorkerError, check_gguf, connect_workers, load_failure
 from localspec.engine.gguf import GGUFFormatError, read_info
 
 
@@ -52,6 +52,12 @@ class LoadConfig:
     parallel: int = 1
     """Generations the models serve at once (`serve --parallel`, `bench --concurrency`): each gets
     n_seq sequences and n_ctx cells of one shared cache (`loading.pool`)."""
+    target_placement: Placement = Placement()
+    """The target's devices (RPC workers, split), flash attention and KV cache types."""
+    draft_placement: Placement = Placement()
+    """The draft's: local devices only (no workers), its flash attention and KV cache types."""
+    n_batch: int = N_BATCH
+    """Most tokens one llama_decode takes, for both models (--n-batch)."""
 
     def __post_init__(self) -> None:
         if self.drafter is not None and self.drafter not in DRAFTERS:
@@ -70,6 +76,11 @@ class LoadConfig:
             raise ConfigError(f"n_seq must be >= 1, got {self.n_seq}")
         if self.parallel < 1:
             raise ConfigError(f"parallel must be >= 1, got {self.parallel}")
+        if not MIN_BATCH <= self.n_batch <= 1 << 20:
+            raise ConfigError(f"--n-batch must be between {MIN_BATCH} (a verify batch fits one decode) and "
+                              f"{1 << 20}, got {self.n_batch}")
+        if self.draft_placement.rpc:
+            raise ConfigError("the draft runs locally: --rpc places the target only")
 
 
 def resolve_files(cfg: LoadConfig, notice: Callable[[str], None] | None = None) -> LoadConfig:
@@ -126,7 +137,7 @@ def _with_rebuild_hint(call, arg, path=None):
     try:
         return call(arg)
     except EngineError as e:
-        if defaults.in_cache(path or arg) and "not found" not in str(e):
+        if defaults.in_cache(path or arg) and "not found" not in str(e) and not isinstance(e, WorkerError):
             raise EngineError(f"{e}. It is a copy localspec made: delete it and the next run makes it "
                               "again") from None
         raise
@@ -151,6 +162,7 @@ class Session:
         target_path, draft_path, drafter = cfg.target, cfg.draft, cfg.drafter
         # Loading takes long enough to see what other work keeps busy meanwhile, at no extra wait;
         # the models load with the idle count and take the fitted one after (`_fit_threads`).
+        connect_workers(cfg.target_placement.rpc)   # an unreachable worker fails here, before loading
         loading = machine.sample()
         threads = cfg.threads or machine.choose_threads(None, cfg.reserve_cores, other=0.0).threads
         # Parallel generations share one cache of n_ctx cells per generation.
@@ -158,7 +170,8 @@ class Session:
         # Trees need one pool of cells (coupled sequences); without them each generation's cells
         # stay apart, so that its numbers never depend on the others' (engine.slots).
         unified = cfg.n_seq > 1
-        target = _load(ModelConfig(target_path, n_ctx, threads, cfg.target_gpu_layers, n_seq=n_seq, unified=unified))
+        target = _load(ModelConfig(target_path, n_ctx, threads, cfg.target_gpu_layers, cfg.n_batch, n_seq=n_seq,
+                                   unified=unified, placement=cfg.target_placement))
         if target.recurrent and drafter != "none":
             target.close()
             # Rejected drafts must be removed from the cache; a recurrent state cannot be rewound.
@@ -169,7 +182,8 @@ class Session:
         draft = None
         if draft_path is not None:
             try:
-                draft = _load(ModelConfig(draft_path, n_ctx, threads, cfg.draft_gpu_layers, n_seq=n_seq, unified=unified))
+                draft = _load(ModelConfig(draft_path, n_ctx, threads, cfg.draft_gpu_layers, cfg.n_batch, n_seq=n_seq,
+                                          unified=unified, placement=cfg.draft_placement))
                 vocab.check(target, draft)
             except BaseException:
                 if draft is not None:

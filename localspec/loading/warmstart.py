@@ -295,8 +295,13 @@ def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None) 
 
 def pair_key(target, draft, gpu_layers: dict[str, int]) -> dict:
     """The key for loaded models (as `doctor` has them, without a Session)."""
-    return key(target.path, draft.path if draft else None, target.n_threads, gpu_layers["target"],
-               gpu_layers["draft"] if draft else -1)
+    k = key(target.path, draft.path if draft else None, target.n_threads, gpu_layers["target"],
+            gpu_layers["draft"] if draft else -1)
+    # Workers, flash attention and cache types change what a pass costs: records are kept apart
+    # (the key of a run with llama.cpp's defaults is the one earlier releases wrote).
+    placements = {role: getattr(getattr(m, "cfg", None), "placement", None) for role, m in (("target", target), ("draft", draft))}
+    placed = {role: p.record() for role, p in placements.items() if p is not None and p.record()}
+    return k | ({"placement": placed} if placed else {})
 
 
 def forget(k: dict) -> Path | None:
