@@ -178,9 +178,9 @@ def lost_line(message: str) -> str:
     """The one line a failure inside llama.cpp ends with: which worker stopped answering."""
     down = []
     for endpoint in _workers:
-        try:
-            socket.create_connection(split(endpoint), timeout=1.0).close()
-        except OSError:
+        try:   # the hello, not a bare connect: a killed worker's listening socket may outlive its connection
+            probe(endpoint, timeout=1.0)
+        except WorkerError:
             down.append(endpoint)
     reason = message.split(": ", 1)[-1].strip() or "llama.cpp aborted"
     if down:
