@@ -144,7 +144,7 @@ def test_a_cancelled_slot_fails_at_its_next_decode_and_the_others_go_on(pooled):
 
     def victim():
         slot = pooled.acquire(prompts[0])
-        pooled.targets[slot].cancel = cancel
+        pooled.targets[slot].abort_when = cancel
         try:
             pooled.clear(slot)
             with pooled.generating(slot):
@@ -154,7 +154,7 @@ def test_a_cancelled_slot_fails_at_its_next_decode_and_the_others_go_on(pooled):
         except Cancelled as e:
             result["cancelled"] = str(e)
         finally:
-            pooled.targets[slot].cancel = None
+            pooled.targets[slot].abort_when = None
             pooled.release(slot)
             result["held"] = len(pooled.targets[slot].tokens)
     t = threading.Thread(target=victim)

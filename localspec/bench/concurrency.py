@@ -58,7 +58,7 @@ class Generation:
 
     prompt: int
     tokens: list[int]
-    stats: RunStats
+    steps: list         # its decoder Steps, in order
     start: float        # when its worker took it
     end: float          # when its last step came
     first: float        # when its first token came
@@ -99,15 +99,15 @@ def run_level(pool: SlotPool, v: Variant, c: int, prompts: Sequence[list[int]], 
                 ctl = kept[key]
                 decode = DecodeConfig(max_tokens=max_tokens[i], k=v.k if v.spec else 0,
                                       k_max=controllers.k_max_for(v.k), tree=tree if v.spec else "off")
-                stats, tokens, start, first = RunStats(), [], time.perf_counter(), None
+                steps, tokens, start, first = [], [], time.perf_counter(), None
                 with pool.generating(slot, ctl):
                     for step in generate_steps(pool.targets[slot], drafter, prompt, sampling, decode, ctl):
-                        stats.add(step)
+                        steps.append(step)
                         tokens += step.tokens
                         if first is None and step.tokens:
                             first = time.perf_counter()
                 end = time.perf_counter()
-                out[i] = Generation(i, tokens, stats, start, end, first or end)
+                out[i] = Generation(i, tokens, steps, start, end, first or end)
             except BaseException as e:   # ends the level: every worker stops taking prompts
                 with lock:
                     errors.append(e)
@@ -139,15 +139,14 @@ def _pct(values, q) -> float | None:
 
 
 def summarize(gens: list[Generation], wall: float) -> dict:
-    total = RunStats()
+    total = RunStats.of(step for g in gens for step in g.steps)
     rates, itl = [], []
     for g in gens:
-        for name in ("n_tokens", "n_steps", "n_passes", "n_drafted", "n_accepted", "n_tested", "k_sum"):
-            setattr(total, name, getattr(total, name) + getattr(g.stats, name))
         decoding = g.end - g.first
         if len(g.tokens) > 1 and decoding > 0:
             rates.append((len(g.tokens) - 1) / decoding)
-        for s, m in zip(g.stats.step_seconds[1:], g.stats.step_tokens[1:]):   # the first holds the prefill
+        own = RunStats.of(g.steps)
+        for s, m in zip(own.step_seconds[1:], own.step_tokens[1:]):   # the first holds the prefill
             itl += [s / m] * m if m else []
     n = total.n_tokens
     return {

@@ -30,10 +30,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _local_summary(runs: list) -> dict:
-    st = RunStats()
-    for run in runs:
-        for s in run.steps:
-            st.add(s)
+    st = RunStats.of(s for run in runs for s in run.steps)
     decode = sum(r.decode for r in runs)
     prefill = sum(r.prefill for r in runs)
     n_prompt = sum(r.n_prompt for r in runs)
@@ -195,9 +192,7 @@ def _against_chain(s: dict, chain: dict | None, runs: list, chain_runs: list) ->
 def run_json(run, prompts: list) -> dict:
     alpha = efficiency = None
     if run.variant.kind == "spec":
-        st = RunStats()
-        for s in run.steps:
-            st.add(s)
+        st = RunStats.of(run.steps)
         alpha, efficiency = st.alpha, st.draft_efficiency
     return {
         "prompt": run.prompt,

@@ -95,6 +95,14 @@ class RunStats:
     rank_tried: list[int] = field(default_factory=list)
     rank_accepted: list[int] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, steps) -> "RunStats":
+        """The stats of `steps`, added in order (a run's, or several runs' together)."""
+        stats = cls()
+        for step in steps:
+            stats.add(step)
+        return stats
+
     def add(self, step: Step) -> None:
         # A stop string may take back tokens of earlier passes (step.withdrawn): they are not output.
         made = len(step.tokens) - step.withdrawn

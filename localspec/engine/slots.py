@@ -205,8 +205,9 @@ class Slot(Sequences):
         self.tokens = self.seqs[0]
         self.n_batch = model.n_batch
         self._tree = None
-        self.cancel: threading.Event | None = None
-        """Set from another thread (a client gone): this slot's waiting and next decodes fail."""
+        self.abort_when: threading.Event | None = None
+        """Set from another thread (a client gone): this slot's waiting and next decodes fail
+        (`Model.abort_when`'s meaning, at the slot's next decode)."""
 
     def __getattr__(self, name):   # the vocabulary, chat template, metadata: the model's
         if name == "model":          # not set yet (a half-made slot): no recursion
@@ -252,4 +253,4 @@ class Slot(Sequences):
         self._place(member)   # this slot's rules and context, before the rows meet others'
         wide = np.zeros((len(arr), self.model.n_seq), bool)
         wide[:, self.base:self.base + self.n_seq] = member
-        return self.batcher.submit(self.model, arr, wide, want, self.cancel)
+        return self.batcher.submit(self.model, arr, wide, want, self.abort_when)

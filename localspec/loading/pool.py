@@ -79,7 +79,7 @@ class SlotPool:
         stop.set()
         for view in (*self.targets, *self.drafts):
             if view is not None:
-                view.cancel = stop
+                view.abort_when = stop
 
     def clear(self, i: int) -> None:
         """Empty slot i's caches (nothing of an earlier request may be reused)."""

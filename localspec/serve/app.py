@@ -318,7 +318,7 @@ class Server:
         for model in (target, draft):
             if model is not None:
                 # a client gone mid-prefill stops it, not just the next step (a slot: its next decode)
-                setattr(model, "abort_when" if pool is None else "cancel", job.cancel)
+                model.abort_when = job.cancel
         stats, finish, prefill = RunStats(), None, None
         start = time.perf_counter()
         stream = stream_text(target, drafter, job.prompt, job.sampling, job.decode, controller,

@@ -66,6 +66,10 @@ class VerifyCost:
     def timed_here(self, b: int) -> bool:
         return b in self.by_size and b not in self.recorded
 
+    def untimed(self) -> None:
+        """A target pass timed elsewhere (a batch's decode, by the batcher): a step, no timing."""
+        self.steps += 1
+
     def observe(self, b: int, seconds: float) -> float | None:
         """Record one target pass over b tokens. Returns the factor by which it moved the level of
         a warm start's record (the recorded draft cost follows it), None when it did not."""

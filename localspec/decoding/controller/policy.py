@@ -176,7 +176,7 @@ class KController:
         """Record one target pass over b tokens (every step, whoever drafted)."""
         if self.batch is not None:   # the batch's decodes are timed by the batcher, not here
             self.batch.verified(b)
-            self.verify_costs.steps += 1
+            self.verify_costs.untimed()
             return
         ratio = self.verify_costs.observe(b, t_verify)
         if ratio is not None:   # today's speed sets the level of a recorded draft cost too
