@@ -81,6 +81,17 @@ class SamplingConfig:
     """Drop tokens whose probability is below min_p times the top token's; 0 disables."""
     seed: int | None = None
     """Seed of the random generator used for drafting and acceptance; None draws one at random."""
+    repeat_penalty: float = 1.0
+    """llama.cpp's repeat penalty on the tokens of the last `repeat_last_n`: a positive logit is
+    divided by it, a negative one multiplied; 1 disables."""
+    repeat_last_n: int = 64
+    """How many of the latest tokens (prompt and output) the penalties look at; -1 = all, 0 = none."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token present in that window; 0 disables."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it occurs in that window; 0 disables."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to those tokens' logits before anything else; -inf bans one."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < float("inf"):
@@ -91,17 +102,46 @@ class SamplingConfig:
             raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p < 1:
             raise ConfigError(f"min-p must be in [0, 1), got {self.min_p}")
+        if not 0 < self.repeat_penalty < float("inf"):
+            raise ConfigError(f"repeat-penalty must be a finite number > 0 (1 = off), got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise ConfigError(f"repeat-last-n must be >= -1 (-1 = all, 0 = none), got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not abs(getattr(self, name)) < float("inf"):
+                raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if token < 0 or bias != bias or bias == float("inf"):
+                raise ConfigError(f"logit-bias takes TOKEN=BIAS with a token id >= 0 and a bias below +inf, "
+                                  f"got {token}={bias}")
 
     @property
     def greedy(self) -> bool:
         """True when decoding is deterministic argmax."""
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether the penalties change anything."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                                            or self.frequency_penalty != 0.0)
+
+    @property
+    def processed(self) -> bool:
+        """Whether rows go through the logit processing (`decoding.processing`) before sampling."""
+        return self.penalized or bool(self.logit_bias)
+
     def record(self) -> dict:
         """The settings as the outputs record them (`generate --json`, a saved chat and its
-        replies); users' tools read these keys, so they stay as they are."""
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p, "seed": self.seed}
+        replies); users' tools read these keys, so they stay as they are. Penalties and logit
+        bias are recorded only when they are set."""
+        out = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+               "min_p": self.min_p, "seed": self.seed}
+        if self.penalized:
+            out.update(repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
+                       presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
+        if self.logit_bias:
+            out["logit_bias"] = {str(t): b for t, b in self.logit_bias}
+        return out
 
 
 FLASH_ATTN = ("auto", "on", "off")

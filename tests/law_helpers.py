@@ -25,6 +25,7 @@ import numpy as np
 from localspec.config import SamplingConfig
 from localspec.decoding.acceptance import accept_sampled
 from localspec.decoding.dists import Dense, Sparse
+from localspec.decoding.processing import process, window
 from localspec.decoding.sampling import distribution
 
 ALPHA = 1e-4
@@ -241,10 +242,11 @@ class Target:
     def _keep(self, keys, logits) -> None:
         for key, row in zip(keys, logits):
             if key not in self._rows:
-                self._rows[key] = self._processed(row)
+                self._rows[key] = self._processed(row, key)
 
-    def _processed(self, row: np.ndarray) -> Sparse:
-        d = distribution(row, self.cfg)
+    def _processed(self, row: np.ndarray, key: tuple[int, ...] = ()) -> Sparse:
+        # penalties and logit bias see the prompt and the prefix before this row
+        d = distribution(process(row, window(self.prompt, key, self.cfg), self.cfg), self.cfg)
         if isinstance(d, Dense):   # a whole vocabulary: int32 ids and float32 probabilities halve it
             ids = np.flatnonzero(d.weights).astype(np.int32)
             probs = (d.weights[ids] / float(d.weights.sum(dtype=np.float64))).astype(np.float32)

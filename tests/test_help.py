@@ -221,6 +221,10 @@ REAL_DEFAULTS: dict[str, Callable[[str, At], None]] = {
     "--draft-cache-type-k": _value(lambda: resolved().load.draft_placement.cache_type_k),
     "--draft-cache-type-v": _value(lambda: resolved().load.draft_placement.cache_type_v),
     "--n-batch": _value(lambda: resolved().load.n_batch),
+    "--repeat-penalty": _value(lambda: resolved().sampling.repeat_penalty),
+    "--repeat-last-n": _value(lambda: resolved().sampling.repeat_last_n),
+    "--presence-penalty": _value(lambda: resolved().sampling.presence_penalty),
+    "--frequency-penalty": _value(lambda: resolved().sampling.frequency_penalty),
     "chat --max-tokens": _no_cap,
 }
 """Option (or "command option", which wins) -> a check of a default written in the help's words

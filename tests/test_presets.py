@@ -197,7 +197,7 @@ def test_preset_dir_prefers_installed_copy(monkeypatch, tmp_path):
 
 
 def test_a_preset_sets_the_device_options_and_a_flag_overrides_them(tmp_path):
-    from localspec.cli.options import placements
+    from localspec.cli.device_options import placements
 
     text = GOOD + "gpu: {flash_attn: on, cache_type_k: q8_0, cache_type_v: q8_0, n_batch: 1024, tensor_split: [3, 1]}\n"
     p = load_preset(write(tmp_path, text))

@@ -145,9 +145,13 @@ def test_completions_streamed_or_not_equal_plain_greedy(served):
     ({"n": 2}, "n", "one choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools", "tool"),
     ({"logprobs": True}, "logprobs", "log probabilities"),
-    ({"logit_bias": {"1": 5}}, "logit_bias", "logit_bias"),
+    ({"logit_bias": {"one": 5}}, "logit_bias", "token ids to numbers in [-100, 100]"),
+    ({"logit_bias": {"1": 500}}, "logit_bias", "token ids to numbers in [-100, 100]"),
+    ({"logit_bias": [1, 5]}, "logit_bias", "must be an object"),
     ({"response_format": {"type": "json_object"}}, "response_format", "text"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "only 0"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "between -2 and 2"),
+    ({"frequency_penalty": "x"}, "frequency_penalty", "must be a number"),
+    ({"repeat_penalty": 0}, "repeat_penalty", "a number > 0"),
     ({"temperature": "hot"}, "temperature", "must be a number"),
     ({"top_k": -1}, "top_k", "top-k must be >= 0"),
     ({"top_p": 1.5}, "top_p", "top-p must be in (0, 1]"),
@@ -167,6 +171,22 @@ def test_refusals_are_400_with_an_openai_error_body(served, body, param, words):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param and words in err["message"]
+
+
+def test_penalties_and_logit_bias_apply(served):
+    """Accepted, and applied: greedy text changes under each (tests/test_penalties.py checks what
+    they compute and that speculation keeps it)."""
+    c = client(served)
+    ask = dict(model="x", messages=[{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
+               max_tokens=24, temperature=0)
+    plain = c.chat.completions.create(**ask).choices[0].message.content
+    penalized = c.chat.completions.create(**ask, presence_penalty=1.5, frequency_penalty=0.5).choices[0].message.content
+    assert penalized != plain
+    first = served.session.target.tokenize(plain, add_special=False)[0]   # the reply's first token, banned
+    banned = c.chat.completions.create(**ask, logit_bias={str(first): -100}).choices[0].message.content
+    assert banned != plain
+    extension = c.chat.completions.create(**ask, extra_body={"repeat_penalty": 1.5}).choices[0].message.content
+    assert extension != plain
 
 
 def test_bad_json_long_prompts_and_large_bodies(served):

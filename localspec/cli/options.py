@@ -14,13 +14,14 @@ import os
 import secrets
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Mapping, NoReturn, Optional
+from typing import Annotated, Any, Callable, List, Mapping, NoReturn, Optional
 
 import typer
 
-from localspec.config import (CACHE_TYPES, MAX_BRANCHES, MAX_DRAFT, N_BATCH, NEEDS_DRAFT, ConfigError, DecodeConfig,
-                              Placement, SamplingConfig, parse_list, parse_tree)
+from localspec.config import MAX_BRANCHES, MAX_DRAFT, NEEDS_DRAFT, ConfigError, DecodeConfig, SamplingConfig, parse_tree
 from localspec.loading.defaults import MAX_SHOWN, TARGET_FILE, shown
+from .device_options import (DEVICE_OPTIONS, CacheTypeK, CacheTypeV, DraftCacheTypeK, DraftCacheTypeV, FlashAttn, MainGpu,
+                             NBatch, Rpc, SplitMode, TensorSplit, placements)
 
 Target = Annotated[Optional[str], typer.Option(
     "--target", help=f"Target GGUF (default: {TARGET_FILE}, the embedded model, made once into the cache).")]
@@ -81,34 +82,6 @@ Preset = Annotated[Optional[str], typer.Option(
 NoWarmStart = Annotated[bool, typer.Option(
     "--no-warm-start", help="Start the k controller from nothing: neither read nor save what earlier runs learned.")]
 
-Rpc = Annotated[Optional[str], typer.Option(
-    "--rpc", metavar="WORKERS", help=(
-        "llama.cpp RPC workers, HOST:PORT[,HOST:PORT...] (`localspec worker`, or llama.cpp's rpc-server), that "
-        "hold the target's layers, ahead of local GPUs; the draft stays local."))]
-TensorSplit = Annotated[Optional[str], typer.Option(
-    "--tensor-split", metavar="PROPORTIONS", help=(
-        "Proportion of the target per device, in llama.cpp's order (RPC workers first), e.g. 3,1 "
-        "(default: by free memory)."))]
-SplitMode = Annotated[Optional[str], typer.Option(
-    "--split-mode", metavar="none|layer|row|tensor",
-    help="How the target spreads over devices: one only, layers (default), rows, tensor parallel.")]
-MainGpu = Annotated[Optional[int], typer.Option(
-    "--main-gpu", help="The target's device with --split-mode none, or for row's intermediate results (default 0).")]
-FlashAttn = Annotated[Optional[str], typer.Option(
-    "--flash-attn", metavar="auto|on|off", help="Flash attention for both models (default auto: llama.cpp decides).")]
-CacheTypeK = Annotated[Optional[str], typer.Option(
-    "--cache-type-k", metavar="TYPE",
-    help=f"The target's KV cache keys: {', '.join(CACHE_TYPES)} (default f16).")]
-CacheTypeV = Annotated[Optional[str], typer.Option(
-    "--cache-type-v", metavar="TYPE", help="The target's KV cache values (default f16; quantized needs flash attention).")]
-DraftCacheTypeK = Annotated[Optional[str], typer.Option(
-    "--draft-cache-type-k", metavar="TYPE", help="The draft's KV cache keys (default f16).")]
-DraftCacheTypeV = Annotated[Optional[str], typer.Option(
-    "--draft-cache-type-v", metavar="TYPE", help="The draft's KV cache values (default f16).")]
-NBatch = Annotated[Optional[int], typer.Option(
-    "--n-batch", help=f"Most tokens one llama_decode takes, for both models (default {N_BATCH}; prompts are "
-                      f"read in pieces of this size).")]
-
 MODELS = {"preset": Preset, "target": Target, "draft": Draft, "n_ctx": NCtx, "threads": Threads,
           "target_gpu_layers": TargetGpuLayers, "draft_gpu_layers": DraftGpuLayers,
           "rpc": Rpc, "tensor_split": TensorSplit, "split_mode": SplitMode, "main_gpu": MainGpu,
@@ -116,18 +89,30 @@ MODELS = {"preset": Preset, "target": Target, "draft": Draft, "n_ctx": NCtx, "th
           "draft_cache_type_k": DraftCacheTypeK, "draft_cache_type_v": DraftCacheTypeV, "n_batch": NBatch}
 """Which models to load and how (files, threads, devices and workers, KV cache): `doctor` takes
 these."""
-DEVICE_OPTIONS = ("rpc", "tensor_split", "split_mode", "main_gpu", "flash_attn", "cache_type_k",
-                  "cache_type_v", "draft_cache_type_k", "draft_cache_type_v", "n_batch")
-"""The options a preset's `gpu` mapping may set too (all but --rpc, which names machines)."""
-
 
 def models_for(command: str) -> dict:
     """MODELS with the --threads default that `command` uses (chat and serve leave a core free)."""
     return {**MODELS, "threads": _threads_option(command)} if command in RESERVE else MODELS
 
 
+RepeatPenalty = Annotated[Optional[float], typer.Option(
+    "--repeat-penalty", help=f"Divide the logits of recent tokens (multiply negative ones) by this, as llama.cpp; "
+                             f"1 = off (default {SamplingConfig.repeat_penalty:g}).")]
+RepeatLastN = Annotated[Optional[int], typer.Option(
+    "--repeat-last-n", help=f"Latest tokens (prompt and output) the penalties look at; -1 = all, 0 = none "
+                            f"(default {SamplingConfig.repeat_last_n}).")]
+PresencePenalty = Annotated[Optional[float], typer.Option(
+    "--presence-penalty", help=f"Subtract this from the logit of each token in that window "
+                               f"(default {SamplingConfig.presence_penalty:g}).")]
+FrequencyPenalty = Annotated[Optional[float], typer.Option(
+    "--frequency-penalty", help=f"Subtract this once per occurrence in that window "
+                                f"(default {SamplingConfig.frequency_penalty:g}).")]
+LogitBias = Annotated[Optional[List[str]], typer.Option(
+    "--logit-bias", metavar="BIAS", help="TOKEN=BIAS: add BIAS to token id TOKEN's logit (-inf bans it); repeatable.")]
+
 SAMPLING = {"drafter": Drafter, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "min_p": MinP,
-            "seed": Seed}
+            "seed": Seed, "repeat_penalty": RepeatPenalty, "repeat_last_n": RepeatLastN,
+            "presence_penalty": PresencePenalty, "frequency_penalty": FrequencyPenalty, "logit_bias": LogitBias}
 """How to draft and sample: `generate`, `bench` and `chat` take these too."""
 MODEL_OPTIONS = (*MODELS, *SAMPLING, "k")
 """The parameter names `resolve` reads from a command's arguments (absent ones count as not given)."""
@@ -299,6 +284,11 @@ def resolve_options(
     target_gpu_layers: int | None,
     draft_gpu_layers: int | None,
     tree: str | None = None,
+    repeat_penalty: float | None = None,
+    repeat_last_n: int | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    logit_bias: list[str] | None = None,
     **devices: Any,
 ) -> Resolved:
     """Shared by every command, so that every command reads options the same way. `tree` is the
@@ -331,6 +321,11 @@ def resolve_options(
         top_p=pick(top_p, base.top_p),
         min_p=pick(min_p, base.min_p),
         seed=seed if seed is not None and seed >= 0 else secrets.randbits(31),  # -1: llama.cpp's "random"
+        repeat_penalty=pick(repeat_penalty, base.repeat_penalty),
+        repeat_last_n=pick(repeat_last_n, base.repeat_last_n),
+        presence_penalty=pick(presence_penalty, base.presence_penalty),
+        frequency_penalty=pick(frequency_penalty, base.frequency_penalty),
+        logit_bias=parse_logit_bias(logit_bias or ()),
     )
     load = LoadConfig(
         target=target,
@@ -349,19 +344,19 @@ def resolve_options(
 
 
 
-def placements(given: Mapping[str, Any], preset: Mapping[str, Any]) -> dict:
-    """LoadConfig's target_placement, draft_placement and n_batch from the device options (a flag
-    over the preset's value): the target takes the workers and the split, both models flash
-    attention, each its own cache types."""
-    value = {name: given.get(name) if given.get(name) is not None else preset.get(name) for name in DEVICE_OPTIONS}
-    flash = value["flash_attn"] or "auto"
-    target = Placement(
-        rpc=parse_list(value["rpc"], "--rpc"), split_mode=value["split_mode"] or "layer",
-        tensor_split=parse_list(value["tensor_split"], "--tensor-split", float), main_gpu=value["main_gpu"] or 0,
-        flash_attn=flash, cache_type_k=value["cache_type_k"] or "f16", cache_type_v=value["cache_type_v"] or "f16")
-    draft = Placement(flash_attn=flash, cache_type_k=value["draft_cache_type_k"] or "f16",
-                      cache_type_v=value["draft_cache_type_v"] or "f16")
-    return {"target_placement": target, "draft_placement": draft, "n_batch": value["n_batch"] or N_BATCH}
+def parse_logit_bias(items) -> tuple[tuple[int, float], ...]:
+    """--logit-bias TOKEN=BIAS values (repeatable; a token given twice: the last wins)."""
+    out: dict[int, float] = {}
+    for item in items:
+        token, sep, bias = str(item).partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(token)] = float(bias)
+        except ValueError:
+            raise ConfigError(f"--logit-bias takes TOKEN=BIAS, a token id and a number (-inf bans it), "
+                              f"got {shown(str(item))}") from None
+    return tuple(out.items())
 
 
 def _usable_threads(threads: int | None) -> int | None:

@@ -16,6 +16,7 @@ from .acceptance import accept_greedy, accept_sampled
 from localspec.config import DecodeConfig, SamplingConfig
 from .controller import KController
 from .drafters import Drafter
+from .processing import window
 from .sampling import Argmax, BadLogits, Rows
 from .tree import DraftTree, accept_tree_greedy, accept_tree_sampled, tested_ranks
 from .tree_drafts import as_chain, choose_shape, learn_tree, propose_tree, width_of
@@ -97,6 +98,22 @@ class Mapped:
         return self._rows[self._at[i]]
 
 
+def chain_seen(context: list[int], drafted: Sequence[int], sampling: SamplingConfig):
+    """What verify row i follows, for the penalties: the text, then the first i drafted tokens."""
+    return lambda i: window(context, drafted[:i], sampling)
+
+
+def tree_seen(context: list[int], tokens: Sequence[int], parents: Sequence[int], sampling: SamplingConfig):
+    """The same for a tree's verify rows: the text, then the nodes on the path to row i."""
+    def seen(i: int) -> list[int]:
+        path = []
+        while i > 0:   # row 0 is the root: the text's last token, already in `context`
+            path.append(tokens[i])
+            i = parents[i]
+        return window(context, path[::-1], sampling)
+    return seen
+
+
 StopHook = Callable[[list[int]], "int | None"]
 """Told each step's tokens (in order, once each); answers None, or — when a stop string has
 completed — how many of them to keep (negative: also drop that many tokens of earlier steps)."""
@@ -159,11 +176,12 @@ def generate_steps(
                 logits = target.eval_tree(tokens, parents)
                 t2 = time.perf_counter()
                 kept: list[int] = []   # whatever happens, the cache keeps the root and this path
+                seen = tree_seen(context, tokens, parents, sampling)
                 try:
                     if sampling.greedy:
-                        path, nxt = accept_tree_greedy(tree, Mapped(Argmax(logits), at))
+                        path, nxt = accept_tree_greedy(tree, Mapped(Argmax(logits, sampling, seen), at))
                     else:
-                        path, nxt = accept_tree_sampled(tree, Mapped(Rows(logits, sampling), at), rng)
+                        path, nxt = accept_tree_sampled(tree, Mapped(Rows(logits, sampling, seen), at), rng)
                     kept = [0, *(at[c + 1] for c in path)]
                 finally:
                     target.keep_path(kept or [0])
@@ -178,10 +196,11 @@ def generate_steps(
                     n_valid = next(i for i, t in enumerate(drafted) if t >= target.n_vocab)
                 logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
                 t2 = time.perf_counter()
+                seen = chain_seen(context, drafted, sampling)
                 if sampling.greedy:
-                    n_acc, nxt = accept_greedy(drafted, Argmax(logits))
+                    n_acc, nxt = accept_greedy(drafted, Argmax(logits, sampling, seen))
                 else:
-                    n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling), draft.q if draft else None, rng)
+                    n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling, seen), draft.q if draft else None, rng)
                 trials = ((0, True),) * n_acc + (((0, False),) if n_acc < len(drafted) else ())
             emitted = [*drafted[:n_acc], nxt]
             from_draft = [True] * n_acc + [False]

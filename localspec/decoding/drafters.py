@@ -19,7 +19,8 @@ from localspec.config import SamplingConfig
 from .dists import Dist
 from .lookup import NGRAM_MAX, NGramStore
 from localspec.tokens import common_prefix
-from .sampling import BadLogits, distribution
+from .processing import window
+from .sampling import BadLogits, distribution, processed
 from .tree import DraftTree
 
 
@@ -186,6 +187,7 @@ class ModelDrafter(_Single):
         host = 0.0
         for i in range(k):
             h = time.perf_counter()
+            row = processed(row, sampling, lambda _: window(context, tokens, sampling), 0)   # as the target's
             if sampling.greedy:
                 x = int(row.argmax())
             else:

@@ -19,11 +19,13 @@ depends on the values only, never on the order of ids.
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 import numpy as np
 
 from localspec.config import SamplingConfig
 from .dists import _PY_MAX, Dense, Dist, Sparse
+from .processing import process
 
 _NEAR = 8.0           # first look for top-k / nucleus candidates this far below the max logit
 _TINY_T = 1e-20       # below this temperature float32 scaling overflows; the limit is the argmax
@@ -201,34 +203,49 @@ def _nucleus_candidates(row: np.ndarray, m: float, top_p: float, floor: float, i
 # -- blocks of rows ------------------------------------------------------------------------------
 
 
+Seen = Callable[[int], Sequence[int]]
+"""Row i -> the tokens the penalties see before it (`processing.window`)."""
+
+
 class Rows:
     """The distributions of the rows of a logits block, each processed when first read.
 
-    The acceptance rule stops at the first rejection, so rows after it are never processed."""
+    The acceptance rule stops at the first rejection, so rows after it are never processed.
+    `seen`: with penalties or a logit bias (`SamplingConfig.processed`), what row i follows."""
 
-    def __init__(self, logits: np.ndarray, cfg: SamplingConfig):
+    def __init__(self, logits: np.ndarray, cfg: SamplingConfig, seen: Seen | None = None):
         self._logits = logits
         self._cfg = cfg
+        self._seen = seen
         self._done: dict[int, Dist] = {}
 
     def __getitem__(self, i: int) -> Dist:
         got = self._done.get(i)
         if got is None:
-            got = self._done[i] = distribution(self._logits[i], self._cfg)
+            got = self._done[i] = distribution(processed(self._logits[i], self._cfg, self._seen, i), self._cfg)
         return got
 
     def __len__(self) -> int:
         return len(self._logits)
 
 
-class Argmax:
-    """Greedy counterpart of `Rows`: the argmax of each row, computed when first read."""
+def processed(row: np.ndarray, cfg: SamplingConfig, seen: Seen | None, i: int) -> np.ndarray:
+    """Row i after the logit processing its history asks for (the row itself when none does)."""
+    if not cfg.processed:
+        return row
+    return process(row, seen(i) if seen is not None else (), cfg)
 
-    def __init__(self, logits: np.ndarray):
+
+class Argmax:
+    """Greedy counterpart of `Rows`: the argmax of each (processed) row, computed when first read."""
+
+    def __init__(self, logits: np.ndarray, cfg: SamplingConfig | None = None, seen: Seen | None = None):
         self._logits = logits
+        self._cfg = cfg
+        self._seen = seen
 
     def __getitem__(self, i: int) -> int:
-        row = self._logits[i]
+        row = self._logits[i] if self._cfg is None else processed(self._logits[i], self._cfg, self._seen, i)
         best = int(row.argmax())
         if not math.isfinite(float(row[best])):
             _max(row)  # raises BadLogits with the reason

@@ -20,6 +20,7 @@ import numpy as np
 from localspec.config import MAX_TREE_NODES, tree_leaves
 from .drafters import Draft, ModelDrafter, PromptLookup, split_draft_time
 from .dists import Dist
+from .processing import process, window
 from .tree import DraftTree
 
 
@@ -52,6 +53,8 @@ def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sam
                 break
         level = []
         for node, seq, row in frontier:
+            if sampling.processed:   # as the target's row after the same path will be
+                row = process(row, window(context, path_to(node, tokens, parents), sampling), sampling)
             for x, q in siblings(drafter, row, b, sampling, rng):
                 level.append((len(tokens), seq, x))
                 tokens.append(x)
@@ -84,6 +87,15 @@ def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sam
     sampled = not sampling.greedy
     tree = DraftTree(tokens, parents, qs if sampled else None)
     return Draft(tokens, tree.q, host, source="model", n_first=n_first, t_first=first, tree=tree)
+
+
+def path_to(node: int, tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
+    """The drafted tokens from the root down to `node` (-1: the root, none)."""
+    path = []
+    while node >= 0:
+        path.append(tokens[node])
+        node = parents[node]
+    return path[::-1]
 
 
 def siblings(drafter: ModelDrafter, row: np.ndarray, b: int, sampling, rng) -> list[tuple[int, Dist | None]]:

@@ -3,16 +3,20 @@
 No web framework here: request bodies arrive as parsed JSON (dicts), answers leave as dicts, and
 every refusal is an `ApiError` carrying its HTTP status and OpenAI's error body. What localspec
 cannot do is refused, never silently ignored: n > 1, tools and function calls, log probabilities,
-logit bias, a response_format other than text, presence/frequency penalties other than 0. Fields
+a response_format other than text. Fields
 OpenAI defines that change nothing here (user, store, metadata, parallel_tool_calls…) and unknown
 fields are ignored, as clients send them freely.
 
-Extensions: `top_k` and `min_p` (as llama.cpp's server takes them), and `usage.localspec` (α,
+`presence_penalty`, `frequency_penalty` (OpenAI's range, -2 to 2) and `logit_bias` (token id ->
+-100 to 100; -100 bans) apply to the target's processed distribution as llama.cpp computes it,
+over the last --repeat-last-n tokens of prompt and output (`localspec.decoding.processing`).
+Extensions: `top_k`, `min_p` and `repeat_penalty` (as llama.cpp's server takes them), and `usage.localspec` (α,
 draft efficiency, tokens per target pass, mean k, drafter, tokens/s, seed) in every usage object.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -101,16 +105,9 @@ def _unsupported(body: dict) -> None:
         refuse("logprobs", "log probabilities are not supported")
     if body.get("top_logprobs") is not None:
         refuse("top_logprobs", "log probabilities are not supported")
-    if body.get("logit_bias"):
-        refuse("logit_bias", "logit_bias is not supported: it would change the distribution exact "
-                             "speculative decoding reproduces")
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         refuse("response_format", "only response_format {\"type\": \"text\"} is supported")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = _typed(body, name, _is_number, "a number")
-        if value:
-            refuse(name, f"{name} is not supported (only 0)")
     if body.get("echo"):
         refuse("echo", "echo is not supported")
     if body.get("suffix") is not None:
@@ -127,6 +124,18 @@ def _sampling(body: dict, defaults: Defaults) -> SamplingConfig:
                 cfg = replace(cfg, **{name: value})
             except ConfigError as e:
                 raise ApiError(str(e), param=name, code="invalid_value") from None
+    for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
+                            ("repeat_penalty", 0.0, math.inf)):
+        value = _typed(body, name, _is_number, "a number")
+        if value is None:
+            continue
+        if not (low <= value <= high if name != "repeat_penalty" else low < value < high):
+            raise ApiError(f"{name} must be {'between -2 and 2' if high == 2.0 else 'a number > 0'}, got {value}",
+                           param=name, code="invalid_value")
+        cfg = replace(cfg, **{name: float(value)})
+    bias = body.get("logit_bias")
+    if bias is not None:
+        cfg = replace(cfg, logit_bias=_logit_bias(bias))
     seed = _typed(body, "seed", _is_int, "an integer")
     if seed is None:
         seed = defaults.seed
@@ -135,6 +144,21 @@ def _sampling(body: dict, defaults: Defaults) -> SamplingConfig:
     if seed is None or seed == -1:
         seed = secrets.randbits(31)
     return replace(cfg, seed=seed)
+
+
+def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]}, added to those logits; -100 bans a
+    token (as OpenAI: in effect), which here is exactly -inf, so it can never be drawn."""
+    if not isinstance(bias, dict):
+        raise ApiError("'logit_bias' must be an object of token ids to numbers", param="logit_bias",
+                       code="invalid_type")
+    out = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit()) or not _is_number(value) or not -100 <= value <= 100:
+            raise ApiError(f"logit_bias maps token ids to numbers in [-100, 100]; got {str(key)[:40]!r}: "
+                           f"{str(value)[:40]}", param="logit_bias", code="invalid_value")
+        out.append((int(key), -math.inf if value == -100 else float(value)))
+    return tuple(out)
 
 
 def _decode(body: dict, defaults: Defaults) -> DecodeConfig:

@@ -1,0 +1,57 @@
+"""The device options the model commands share (`--rpc`, the split, flash attention, KV cache
+types, `--n-batch`), declared once, and how they become the two models' `Placement`s.
+`localspec.cli.options` puts them in its MODELS group."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Mapping, Optional
+
+import typer
+
+from localspec.config import CACHE_TYPES, N_BATCH, Placement, parse_list
+
+Rpc = Annotated[Optional[str], typer.Option(
+    "--rpc", metavar="WORKERS", help=(
+        "llama.cpp RPC workers, HOST:PORT[,HOST:PORT...] (`localspec worker`, or llama.cpp's rpc-server), that "
+        "hold the target's layers, ahead of local GPUs; the draft stays local."))]
+TensorSplit = Annotated[Optional[str], typer.Option(
+    "--tensor-split", metavar="PROPORTIONS", help=(
+        "Proportion of the target per device, in llama.cpp's order (RPC workers first), e.g. 3,1 "
+        "(default: by free memory)."))]
+SplitMode = Annotated[Optional[str], typer.Option(
+    "--split-mode", metavar="none|layer|row|tensor",
+    help="How the target spreads over devices: one only, layers (default), rows, tensor parallel.")]
+MainGpu = Annotated[Optional[int], typer.Option(
+    "--main-gpu", help="The target's device with --split-mode none, or for row's intermediate results (default 0).")]
+FlashAttn = Annotated[Optional[str], typer.Option(
+    "--flash-attn", metavar="auto|on|off", help="Flash attention for both models (default auto: llama.cpp decides).")]
+CacheTypeK = Annotated[Optional[str], typer.Option(
+    "--cache-type-k", metavar="TYPE",
+    help=f"The target's KV cache keys: {', '.join(CACHE_TYPES)} (default f16).")]
+CacheTypeV = Annotated[Optional[str], typer.Option(
+    "--cache-type-v", metavar="TYPE", help="The target's KV cache values (default f16; quantized needs flash attention).")]
+DraftCacheTypeK = Annotated[Optional[str], typer.Option(
+    "--draft-cache-type-k", metavar="TYPE", help="The draft's KV cache keys (default f16).")]
+DraftCacheTypeV = Annotated[Optional[str], typer.Option(
+    "--draft-cache-type-v", metavar="TYPE", help="The draft's KV cache values (default f16).")]
+NBatch = Annotated[Optional[int], typer.Option(
+    "--n-batch", help=f"Most tokens one llama_decode takes, for both models (default {N_BATCH}; prompts are "
+                      f"read in pieces of this size).")]
+
+DEVICE_OPTIONS = ("rpc", "tensor_split", "split_mode", "main_gpu", "flash_attn", "cache_type_k",
+                  "cache_type_v", "draft_cache_type_k", "draft_cache_type_v", "n_batch")
+"""The options a preset's `gpu` mapping may set too (all but --rpc, which names machines)."""
+
+def placements(given: Mapping[str, Any], preset: Mapping[str, Any]) -> dict:
+    """LoadConfig's target_placement, draft_placement and n_batch from the device options (a flag
+    over the preset's value): the target takes the workers and the split, both models flash
+    attention, each its own cache types."""
+    value = {name: given.get(name) if given.get(name) is not None else preset.get(name) for name in DEVICE_OPTIONS}
+    flash = value["flash_attn"] or "auto"
+    target = Placement(
+        rpc=parse_list(value["rpc"], "--rpc"), split_mode=value["split_mode"] or "layer",
+        tensor_split=parse_list(value["tensor_split"], "--tensor-split", float), main_gpu=value["main_gpu"] or 0,
+        flash_attn=flash, cache_type_k=value["cache_type_k"] or "f16", cache_type_v=value["cache_type_v"] or "f16")
+    draft = Placement(flash_attn=flash, cache_type_k=value["draft_cache_type_k"] or "f16",
+                      cache_type_v=value["draft_cache_type_v"] or "f16")
+    return {"target_placement": target, "draft_placement": draft, "n_batch": value["n_batch"] or N_BATCH}
