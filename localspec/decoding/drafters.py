@@ -187,7 +187,8 @@ class ModelDrafter(_Single):
         host = 0.0
         for i in range(k):
             h = time.perf_counter()
-            row = processed(row, sampling, lambda _: window(context, tokens, sampling), 0)   # as the target's
+            if sampling.processed:   # as the target's row after the same text will be
+                row = processed(row, sampling, lambda _: window(context, tokens, sampling), 0)
             if sampling.greedy:
                 x = int(row.argmax())
             else:

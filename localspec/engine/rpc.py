@@ -27,7 +27,7 @@ from typing import Callable
 import llama_cpp as C
 
 from .backend import describe, device_handles, ggml  # noqa: F401 - describe: for the worker command
-from .files import EngineError, WorkerError
+from .files import WorkerError
 
 REBUILD = ('this llama-cpp-python was built without RPC support; rebuild it with '
            'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir llama-cpp-python')
@@ -137,8 +137,8 @@ def add_workers(endpoints: tuple[str, ...]) -> list[int]:
                 if not worker:
                     raise WorkerError(f"RPC worker {endpoint} offers no devices")
                 lib.ggml_backend_register(worker)
-                _added[endpoint] = [d for d in device_handles() if describe(d)["description"] == endpoint
-                                    and describe(d)["backend"] == "RPC"]
+                _added[endpoint] = [d for d, info in ((d, describe(d)) for d in device_handles())
+                                    if info["backend"] == "RPC" and info["description"] == endpoint]
             devices += _added[endpoint]
     return devices
 
