@@ -92,6 +92,12 @@ class SamplingConfig:
     """Subtracted from a token's logit once per time it occurs in that window; 0 disables."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to those tokens' logits before anything else; -inf bans one."""
+    grammar: str = ""
+    """GBNF text the output must match ('' = none): llama.cpp's grammar masks every row (draft
+    and target alike) to the tokens it allows next, and the output ends only when it is complete.
+    --grammar, --format json and --json-schema all become this."""
+    grammar_name: str = ""
+    """What the grammar came from, for the records: "json", "schema FILE", "FILE.gbnf"..."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < float("inf"):
@@ -141,6 +147,8 @@ class SamplingConfig:
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
         if self.logit_bias:
             out["logit_bias"] = {str(t): b for t, b in self.logit_bias}
+        if self.grammar:
+            out["grammar"] = self.grammar_name or "gbnf"
         return out
 
 
@@ -265,6 +273,10 @@ class DecodeConfig:
     tree: str | tuple[int, ...] = "off"
     """Draft trees: "off" (one chain per step), "auto" (the controller widens the chain into a tree
     when its measured costs and sibling acceptance say it pays), or a fixed shape (`parse_tree`)."""
+    mask_draft: bool = True
+    """Under a grammar, mask the draft model's rows too (it then proposes only what the grammar
+    allows); off, only the target's rows are masked and a forbidden draft token is rejected.
+    Either way the output has the constrained target's distribution; masking raises α."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

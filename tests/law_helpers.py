@@ -246,7 +246,15 @@ class Target:
 
     def _processed(self, row: np.ndarray, key: tuple[int, ...] = ()) -> Sparse:
         # penalties and logit bias see the prompt and the prefix before this row
-        d = distribution(process(row, window(self.prompt, key, self.cfg), self.cfg), self.cfg)
+        row = process(row, window(self.prompt, key, self.cfg), self.cfg)
+        if self.cfg.grammar:   # the whole vocabulary asked, not constrain's walk: an independent mask
+            g = self.model.grammar(self.cfg.grammar)
+            for t in key:
+                if not g.allowed([t])[0]:   # a forbidden token before: this row is unreachable
+                    return Sparse(np.array([self.end + 1]), np.ones(1))   # nothing real has p > 0
+                g.accept(t)
+            row = np.where(g.allowed(np.arange(len(row))), row, -np.inf).astype(np.float32)
+        d = distribution(row, self.cfg)
         if isinstance(d, Dense):   # a whole vocabulary: int32 ids and float32 probabilities halve it
             ids = np.flatnonzero(d.weights).astype(np.int32)
             probs = (d.weights[ids] / float(d.weights.sum(dtype=np.float64))).astype(np.float32)

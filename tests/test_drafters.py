@@ -106,9 +106,9 @@ def test_common_prefix():
 class DrawingLookup(PromptLookup):
     """Prompt lookup that draws random numbers as it drafts, as a draft model sampling does."""
 
-    def propose(self, context, k, sampling, rng):
+    def propose(self, context, k, sampling, rng, grammar=None):
         rng.random(7)
-        return super().propose(context, k, sampling, rng)
+        return super().propose(context, k, sampling, rng, grammar)
 
 
 def test_what_a_drafter_draws_never_shifts_the_acceptance_draws(target):

@@ -179,6 +179,10 @@ def _gpus_else_cpu(phrase: str, at: At) -> None:
     assert rpc.worker_devices() == (rpc.local_gpus() or rpc.worker_devices(("CPU",)))
 
 
+def _unconstrained(phrase: str, at: At) -> None:
+    assert phrase == "text" and resolved().sampling.grammar == "" and at.param.default is None
+
+
 def _no_worker_cache(phrase: str, at: At) -> None:
     assert phrase == "no cache" and at.param.default is None
 
@@ -226,6 +230,7 @@ REAL_DEFAULTS: dict[str, Callable[[str, At], None]] = {
     "--presence-penalty": _value(lambda: resolved().sampling.presence_penalty),
     "--frequency-penalty": _value(lambda: resolved().sampling.frequency_penalty),
     "chat --max-tokens": _no_cap,
+    "--format": _unconstrained,
 }
 """Option (or "command option", which wins) -> a check of a default written in the help's words
 against what the code does when the option is not given."""

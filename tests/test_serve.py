@@ -148,7 +148,12 @@ def test_completions_streamed_or_not_equal_plain_greedy(served):
     ({"logit_bias": {"one": 5}}, "logit_bias", "token ids to numbers in [-100, 100]"),
     ({"logit_bias": {"1": 500}}, "logit_bias", "token ids to numbers in [-100, 100]"),
     ({"logit_bias": [1, 5]}, "logit_bias", "must be an object"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "text"),
+    ({"response_format": {"type": "xml"}}, "response_format", "text, json_object or json_schema"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "bogus"}}}},
+     "response_format", "unsupported JSON schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema":
+      {"type": "string", "pattern": "(("}}}}, "response_format", "response_format"),
     ({"presence_penalty": 2.5}, "presence_penalty", "between -2 and 2"),
     ({"frequency_penalty": "x"}, "frequency_penalty", "must be a number"),
     ({"repeat_penalty": 0}, "repeat_penalty", "a number > 0"),

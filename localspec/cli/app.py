@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 
 from . import options as o
 from .options import Resolved, fail
+from .constraint_options import DraftMask
 from localspec.config import ConfigError, DecodeConfig
 from localspec.loading.defaults import MAX_PROMPT_BYTES, read_capped
 
@@ -84,6 +85,7 @@ def generate(
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     no_warm_start: o.NoWarmStart = False,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    draft_mask: DraftMask = True,
 ) -> None:
     """Generate text with speculative decoding; the output is distributed exactly as the target's."""
     from localspec.engine import EngineError
@@ -95,7 +97,8 @@ def generate(
     stop = [o.utf8(s, "--stop") for s in stop or ()]
     try:
         opts = o.resolve(options, k=k, tree=tree)
-        decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop), tree=opts.tree)
+        decode = DecodeConfig(max_tokens=max_tokens, k=opts.k, stop=tuple(stop), tree=opts.tree,
+                              mask_draft=draft_mask)
         _generate(text, opts, decode, chat, system, as_json, warm=not no_warm_start, special=special)
     except (ConfigError, EngineError) as e:
         fail(e)
@@ -233,6 +236,7 @@ def main() -> None:
     from localspec.config import ConfigError
     from localspec.engine.files import EngineError
     from localspec.engine.gguf import GGUFFormatError
+    from localspec.decoding.constrain import NothingAllowed
     from localspec.decoding.sampling import BadLogits
 
     usage, aborts, no_args = _click_exceptions()
@@ -251,7 +255,7 @@ def main() -> None:
         ctx = getattr(e, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         code = _error(f"{e.format_message()}{hint}")
-    except (ConfigError, EngineError, GGUFFormatError, BadLogits) as e:
+    except (ConfigError, EngineError, GGUFFormatError, BadLogits, NothingAllowed) as e:
         code = _error(e)
     except (BrokenPipeError, _ReaderGone):
         code = 0  # the reader (`| head`) has what it wanted

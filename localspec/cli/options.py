@@ -20,6 +20,7 @@ import typer
 
 from localspec.config import MAX_BRANCHES, MAX_DRAFT, NEEDS_DRAFT, ConfigError, DecodeConfig, SamplingConfig, parse_tree
 from localspec.loading.defaults import MAX_SHOWN, TARGET_FILE, shown
+from .constraint_options import CONSTRAINTS, grammar_of
 from .device_options import (DEVICE_OPTIONS, CacheTypeK, CacheTypeV, DraftCacheTypeK, DraftCacheTypeV, FlashAttn, MainGpu,
                              NBatch, Rpc, SplitMode, TensorSplit, placements)
 
@@ -112,7 +113,8 @@ LogitBias = Annotated[Optional[List[str]], typer.Option(
 
 SAMPLING = {"drafter": Drafter, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "min_p": MinP,
             "seed": Seed, "repeat_penalty": RepeatPenalty, "repeat_last_n": RepeatLastN,
-            "presence_penalty": PresencePenalty, "frequency_penalty": FrequencyPenalty, "logit_bias": LogitBias}
+            "presence_penalty": PresencePenalty, "frequency_penalty": FrequencyPenalty, "logit_bias": LogitBias,
+            **CONSTRAINTS}
 """How to draft and sample: `generate`, `bench` and `chat` take these too."""
 MODEL_OPTIONS = (*MODELS, *SAMPLING, "k")
 """The parameter names `resolve` reads from a command's arguments (absent ones count as not given)."""
@@ -289,6 +291,9 @@ def resolve_options(
     presence_penalty: float | None = None,
     frequency_penalty: float | None = None,
     logit_bias: list[str] | None = None,
+    grammar: str | None = None,
+    json_schema: str | None = None,
+    format: str | None = None,
     **devices: Any,
 ) -> Resolved:
     """Shared by every command, so that every command reads options the same way. `tree` is the
@@ -326,6 +331,7 @@ def resolve_options(
         presence_penalty=pick(presence_penalty, base.presence_penalty),
         frequency_penalty=pick(frequency_penalty, base.frequency_penalty),
         logit_bias=parse_logit_bias(logit_bias or ()),
+        **dict(zip(("grammar", "grammar_name"), grammar_of(grammar, json_schema, format))),
     )
     load = LoadConfig(
         target=target,

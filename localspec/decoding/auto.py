@@ -142,14 +142,19 @@ class AutoDrafter:
         self._plan = choose(controller, candidate, classes, self.model.lag(context), cap, self._own)
         return self._plan.k
 
-    def propose(self, context, k, sampling, rng) -> Draft:
+    def propose(self, context, k, sampling, rng, grammar=None) -> Draft:
         plan = self._plan
         if plan.source == "lookup":
             return self.lookup.propose(context, k, sampling, rng)
         if plan.source == "model" or plan.m == 0:
-            return self.model.propose(context, k, sampling, rng)
+            return self.model.propose(context, k, sampling, rng, grammar=grammar)
         prefix = self.lookup.propose(context, plan.m, sampling, rng)
-        rest = self.model.propose([*context, *prefix.tokens], k - plan.m, sampling, rng)
+        if grammar is not None:   # the model's part follows the prefix: its mask too
+            for t in prefix.tokens:
+                if not grammar.allowed([t])[0]:
+                    return prefix   # verified no further than the forbidden token anyway
+                grammar.accept(t)
+        rest = self.model.propose([*context, *prefix.tokens], k - plan.m, sampling, rng, grammar=grammar)
         q = None if rest.q is None else [None] * plan.m + list(rest.q)
         return Draft([*prefix.tokens, *rest.tokens], q, rest.t_host, "mixed",
                      plan.m, prefix.classes, rest.n_first, rest.t_first)

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .acceptance import accept_greedy, accept_sampled
+from .constrain import NothingAllowed, RowStates
 from localspec.config import DecodeConfig, SamplingConfig
 from .controller import KController
 from .drafters import Drafter
@@ -72,20 +73,23 @@ class Step:
                      for i, d in enumerate(self.from_draft))
 
 
-def tree_batch(tree: DraftTree, last: int, n_vocab: int) -> tuple[list[int], list[int], list[int]]:
+def tree_batch(tree: DraftTree, last: int, n_vocab: int, grammar=None, is_eog=None):
     """The target's batch for a tree: the text's last token as the root (row 0), then the nodes the
-    target can read (an id past its vocabulary, from a padded draft vocabulary, has p = 0 and no
-    children: it is left out, and the rule rejects it). Returns (tokens, parents, at): at[i + 1] is
-    node i's row, at[0] = 0 the root's."""
+    target can read (an id past its vocabulary, from a padded draft vocabulary, or one the grammar
+    forbids after its parent, has p = 0 and no children: it is left out, and the rule rejects it).
+    Returns (tokens, parents, at, states): at[i + 1] is node i's row, at[0] = 0 the root's; states
+    the grammar state of each row (None without a grammar)."""
     tokens, parents, at = [last], [-1], [0]
+    states = RowStates(grammar, tokens, parents, is_eog) if grammar is not None else None
     for tok, parent in zip(tree.tokens, tree.parents):
-        if tok < n_vocab and at[parent + 1] >= 0:
+        row = at[parent + 1]
+        if tok < n_vocab and row >= 0 and (states is None or bool(states(row).allowed([tok])[0])):
             at.append(len(tokens))
             tokens.append(tok)
-            parents.append(at[parent + 1])
+            parents.append(row)
         else:
             at.append(-1)
-    return tokens, parents, at
+    return tokens, parents, at, states
 
 
 class Mapped:
@@ -151,6 +155,8 @@ def generate_steps(
     controller.tree_shape = decode.tree_shape   # a fixed shape: the k controller prices its trees
     context = list(prompt)
     produced = 0
+    # Under a grammar, the state after the text; each step's rows fork it (constrain.RowStates).
+    grammar = target.grammar(sampling.grammar) if sampling.grammar else None
     target.sync(context[:-1])
     if drafter is not None:
         drafter.prepare(context)
@@ -162,27 +168,30 @@ def generate_steps(
             if drafter is not None and room > 0:
                 k = drafter.plan(context, min(max(decode.k_max, decode.k or 0), room), controller)
             shape = choose_shape(decode.tree, controller, drafter, context, k, width_of(target, drafter)) if k else None
+            # The draft's rows get the same mask when asked (DecodeConfig.mask_draft), from a fork.
+            masked = grammar.fork() if grammar is not None and decode.mask_draft and k > 0 else None
             if shape:
-                draft = propose_tree(drafter, context, k, shape, sampling, drafting)
+                draft = propose_tree(drafter, context, k, shape, sampling, drafting, grammar=masked)
             else:
-                draft = drafter.propose(context, k, sampling, drafting) if k > 0 else None
+                draft = drafter.propose(context, k, sampling, drafting, grammar=masked) if k > 0 else None
             if draft is not None and draft.tree is not None and len(context) + len(draft.tree) > target.n_ctx:
                 draft = as_chain(draft)   # the branches would not fit the cache's free cells
             tree = draft.tree if draft is not None and draft.tree is not None and not draft.tree.is_chain() else None
             t1 = time.perf_counter()
             if tree is not None:
                 # One decode verifies every branch; only the accepted one stays in the cache.
-                tokens, parents, at = tree_batch(tree, context[-1], target.n_vocab)
+                tokens, parents, at, states = tree_batch(tree, context[-1], target.n_vocab, grammar, target.is_eog)
                 logits = target.eval_tree(tokens, parents)
                 t2 = time.perf_counter()
                 kept: list[int] = []   # whatever happens, the cache keeps the root and this path
                 seen = tree_seen(context, tokens, parents, sampling)
                 try:
                     if sampling.greedy:
-                        path, nxt = accept_tree_greedy(tree, Mapped(Argmax(logits, sampling, seen), at))
+                        path, nxt = accept_tree_greedy(tree, Mapped(Argmax(logits, sampling, seen, states), at))
                     else:
-                        path, nxt = accept_tree_sampled(tree, Mapped(Rows(logits, sampling, seen), at), rng)
+                        path, nxt = accept_tree_sampled(tree, Mapped(Rows(logits, sampling, seen, states), at), rng)
                     kept = [0, *(at[c + 1] for c in path)]
+                    last_row = kept[-1]
                 finally:
                     target.keep_path(kept or [0])
                 drafted, n_acc = tree.path_tokens(path), len(path)
@@ -194,13 +203,19 @@ def generate_steps(
                 n_valid = len(drafted)
                 if drafted and max(drafted) >= target.n_vocab:
                     n_valid = next(i for i, t in enumerate(drafted) if t >= target.n_vocab)
+                # Likewise a token the grammar forbids (an unmasked or lookup draft): p = 0 there.
+                states = RowStates(grammar, [context[-1], *drafted], None, target.is_eog) if grammar is not None else None
+                if states is not None:
+                    n_valid = next((i for i in range(n_valid) if not states.allows(i + 1)), n_valid)
                 logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
                 t2 = time.perf_counter()
                 seen = chain_seen(context, drafted, sampling)
                 if sampling.greedy:
-                    n_acc, nxt = accept_greedy(drafted, Argmax(logits, sampling, seen))
+                    n_acc, nxt = accept_greedy(drafted, Argmax(logits, sampling, seen, states))
                 else:
-                    n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling, seen), draft.q if draft else None, rng)
+                    n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling, seen, states),
+                                                draft.q if draft else None, rng)
+                last_row = n_acc
                 trials = ((0, True),) * n_acc + (((0, False),) if n_acc < len(drafted) else ())
             emitted = [*drafted[:n_acc], nxt]
             from_draft = [True] * n_acc + [False]
@@ -218,6 +233,9 @@ def generate_steps(
                 # it, which may end in an earlier step (keep < 0 takes back that many tokens).
                 keep, withdrawn = max(keep, 0), max(-keep, 0)
                 emitted, from_draft, finish = emitted[:keep], from_draft[:keep], "stop"
+            if grammar is not None and finish is None:
+                grammar = states(last_row)   # the accepted path's state (rows read are built)
+                grammar.accept(nxt)
             context.extend(emitted)
             del context[len(context) - withdrawn:]
             produced += len(emitted) - withdrawn
@@ -255,6 +273,8 @@ def generate_steps(
     except BadLogits as e:
         e.model = e.model or f"the target {target.name}"
         raise
+    except NothingAllowed as e:
+        raise NothingAllowed(f"the target {target.name}: {e}") from None
     finally:
         # Whatever happened (early close, error mid-step), leave only the accepted text's prefix.
         if len(target.tokens) > len(context) - 1:

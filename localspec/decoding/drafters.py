@@ -19,6 +19,7 @@ from localspec.config import SamplingConfig
 from .dists import Dist
 from .lookup import NGRAM_MAX, NGramStore
 from localspec.tokens import common_prefix
+from .constrain import NothingAllowed, constrain
 from .processing import window
 from .sampling import BadLogits, distribution, processed
 from .tree import DraftTree
@@ -66,8 +67,11 @@ class Drafter(Protocol):
         """How many tokens to draft now (0 = a plain step), at most `cap`."""
 
     def propose(
-        self, context: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
-    ) -> Draft: ...
+        self, context: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator,
+        grammar=None,
+    ) -> Draft:
+        """Up to k tokens after `context`. `grammar`: under a grammar with the draft masked, a state
+        after the context (the drafter's own fork, to advance) that its rows are masked by."""
 
     def learn(self, controller, k: int, draft: Draft | None, n_accepted: int, t_draft: float,
               t_verify: float) -> None:
@@ -177,7 +181,7 @@ class ModelDrafter(_Single):
         logits = m.eval(fresh, logits_from=-1)
         return logits[0], len(fresh), time.perf_counter() - start
 
-    def propose(self, context, k, sampling, rng) -> Draft:
+    def propose(self, context, k, sampling, rng, grammar=None) -> Draft:
         m = self.model
         row, n_first, first = self.start(context)
         if row is None:
@@ -189,6 +193,11 @@ class ModelDrafter(_Single):
             h = time.perf_counter()
             if sampling.processed:   # as the target's row after the same text will be
                 row = processed(row, sampling, lambda _: window(context, tokens, sampling), 0)
+            if grammar is not None:
+                try:
+                    row = constrain(row, sampling, grammar)
+                except NothingAllowed:
+                    break   # nothing the grammar allows has a finite logit here: draft no further
             if sampling.greedy:
                 x = int(row.argmax())
             else:
@@ -199,6 +208,8 @@ class ModelDrafter(_Single):
             host += time.perf_counter() - h
             if m.is_eog(x) or x >= self.target_vocab or i == k - 1:
                 break  # nothing sensible follows an end of generation or an id the target lacks
+            if grammar is not None:
+                grammar.accept(x)
             row = m.eval([x], logits_from=0)[0]
         # Greedy drafts are checked against the target's argmax; no distribution is needed. Ids
         # past one vocabulary's end have p = 0 or q = 0 there, which the rule handles.
@@ -274,7 +285,8 @@ class PromptLookup:
         controller.last_k = k
         return k
 
-    def propose(self, context, k, sampling, rng) -> Draft:
+    def propose(self, context, k, sampling, rng, grammar=None) -> Draft:
+        # lookup drafts what the text holds; the decoder verifies no further than the grammar allows
         if not self._candidate:
             self.limit(context, k)
         return Draft(self._candidate[:k], source="lookup", n_lookup=min(k, len(self._candidate)),

@@ -25,6 +25,7 @@ import numpy as np
 
 from localspec.config import SamplingConfig
 from .dists import _PY_MAX, Dense, Dist, Sparse
+from .constrain import Grammar, constrain
 from .processing import process
 
 _NEAR = 8.0           # first look for top-k / nucleus candidates this far below the max logit
@@ -164,6 +165,9 @@ def _top_k_wide(row: np.ndarray, m: float, k: int) -> tuple[np.ndarray, np.ndarr
             keep = vals >= kth
             return ids[keep], vals[keep]
         near *= 2
+    finite = np.flatnonzero(row > -np.inf)
+    if len(finite) <= k:   # a grammar's mask left k or fewer: all of them, no partition
+        return finite, row[finite]
     kth = np.partition(row, len(row) - k)[len(row) - k]
     ids = np.flatnonzero(row >= kth)
     return ids, row[ids]
@@ -206,46 +210,60 @@ def _nucleus_candidates(row: np.ndarray, m: float, top_p: float, floor: float, i
 Seen = Callable[[int], Sequence[int]]
 """Row i -> the tokens the penalties see before it (`processing.window`)."""
 
+States = Callable[[int], "Grammar"]
+"""Row i -> the grammar state before it (`constrain.RowStates`)."""
+
 
 class Rows:
     """The distributions of the rows of a logits block, each processed when first read.
 
     The acceptance rule stops at the first rejection, so rows after it are never processed.
-    `seen`: with penalties or a logit bias (`SamplingConfig.processed`), what row i follows."""
+    `seen`: with penalties or a logit bias (`SamplingConfig.processed`), what row i follows;
+    `states`: under a grammar, row i's grammar state."""
 
-    def __init__(self, logits: np.ndarray, cfg: SamplingConfig, seen: Seen | None = None):
+    def __init__(self, logits: np.ndarray, cfg: SamplingConfig, seen: Seen | None = None,
+                 states: States | None = None):
         self._logits = logits
         self._cfg = cfg
         self._seen = seen
+        self._states = states
         self._done: dict[int, Dist] = {}
 
     def __getitem__(self, i: int) -> Dist:
         got = self._done.get(i)
         if got is None:
-            got = self._done[i] = distribution(processed(self._logits[i], self._cfg, self._seen, i), self._cfg)
+            row = processed(self._logits[i], self._cfg, self._seen, i, self._states)
+            got = self._done[i] = distribution(row, self._cfg)
         return got
 
     def __len__(self) -> int:
         return len(self._logits)
 
 
-def processed(row: np.ndarray, cfg: SamplingConfig, seen: Seen | None, i: int) -> np.ndarray:
-    """Row i after the logit processing its history asks for (the row itself when none does)."""
-    if not cfg.processed:
-        return row
-    return process(row, seen(i) if seen is not None else (), cfg)
+def processed(row: np.ndarray, cfg: SamplingConfig, seen: Seen | None, i: int,
+              states: States | None = None) -> np.ndarray:
+    """Row i after the logit processing its history asks for, then its grammar's mask (the row
+    itself when neither applies)."""
+    if cfg.processed:
+        row = process(row, seen(i) if seen is not None else (), cfg)
+    if states is not None:
+        row = constrain(row, cfg, states(i))
+    return row
 
 
 class Argmax:
     """Greedy counterpart of `Rows`: the argmax of each (processed) row, computed when first read."""
 
-    def __init__(self, logits: np.ndarray, cfg: SamplingConfig | None = None, seen: Seen | None = None):
+    def __init__(self, logits: np.ndarray, cfg: SamplingConfig | None = None, seen: Seen | None = None,
+                 states: States | None = None):
         self._logits = logits
         self._cfg = cfg
         self._seen = seen
+        self._states = states
 
     def __getitem__(self, i: int) -> int:
-        row = self._logits[i] if self._cfg is None else processed(self._logits[i], self._cfg, self._seen, i)
+        row = self._logits[i] if self._cfg is None else processed(self._logits[i], self._cfg, self._seen, i,
+                                                                  self._states)
         best = int(row.argmax())
         if not math.isfinite(float(row[best])):
             _max(row)  # raises BadLogits with the reason

@@ -20,6 +20,7 @@ import numpy as np
 from localspec.config import MAX_TREE_NODES, tree_leaves
 from .drafters import Draft, ModelDrafter, PromptLookup, split_draft_time
 from .dists import Dist
+from .constrain import NothingAllowed, constrain
 from .processing import process, window
 from .tree import DraftTree
 
@@ -29,8 +30,11 @@ def shape_at(shape: Sequence[int], depth: int) -> int:
     return shape[depth] if depth < len(shape) else 1
 
 
-def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sampling, rng) -> Draft:
-    """A tree of depth <= k from the draft model, branching per `shape`, each level one decode."""
+def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sampling, rng,
+               grammar=None) -> Draft:
+    """A tree of depth <= k from the draft model, branching per `shape`, each level one decode;
+    under a masked grammar (`grammar`: the state after the context) each node's row is masked by
+    the state on its path."""
     m = drafter.model
     row, n_first, first = drafter.start(context)
     if row is None:
@@ -40,8 +44,9 @@ def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sam
     parents: list[int] = []
     qs: list[Dist | None] = []
     host = 0.0
+    states: dict = {}                # node -> its grammar state (masked drafts only)
     free = list(range(m.n_seq - 1, 0, -1))
-    frontier = [(-1, 0, row)]        # (node, its sequence, the draft's row after it)
+    frontier = [(-1, 0, row, grammar)]   # (node, its sequence, the draft's row after it, its state)
     # The nodes must fit the target's batch (MAX_TREE_NODES) and the draft's cache cells.
     budget = min(MAX_TREE_NODES, m.n_ctx - drafter.tree_base)
     for depth in range(k):
@@ -52,10 +57,20 @@ def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sam
             if len(tokens) + len(frontier) > budget:
                 break
         level = []
-        for node, seq, row in frontier:
+        for node, seq, row, state in frontier:
             if sampling.processed:   # as the target's row after the same path will be
                 row = process(row, window(context, path_to(node, tokens, parents), sampling), sampling)
+            if state is not None:
+                try:
+                    row = constrain(row, sampling, state)
+                except NothingAllowed:
+                    continue
             for x, q in siblings(drafter, row, b, sampling, rng):
+                child = None
+                if state is not None and not m.is_eog(x) and x < drafter.target_vocab:
+                    child = state.fork()
+                    child.accept(x)
+                states[len(tokens)] = child
                 level.append((len(tokens), seq, x))
                 tokens.append(x)
                 parents.append(node)
@@ -83,7 +98,7 @@ def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sam
         if not nodes:
             break
         out = m.decode_rows(rows_tok, np.array(rows_seq, dtype=np.int64), np.ones(len(nodes), bool))
-        frontier = [(i, s, out[j]) for j, (i, s) in enumerate(zip(nodes, rows_seq))]
+        frontier = [(i, s, out[j], states.get(i)) for j, (i, s) in enumerate(zip(nodes, rows_seq))]
     sampled = not sampling.greedy
     tree = DraftTree(tokens, parents, qs if sampled else None)
     return Draft(tokens, tree.q, host, source="model", n_first=n_first, t_first=first, tree=tree)
@@ -105,7 +120,8 @@ def siblings(drafter: ModelDrafter, row: np.ndarray, b: int, sampling, rng) -> l
             return [(int(row.argmax()), None)]
         top = np.argpartition(row, len(row) - b)[len(row) - b:]
         best = int(row.argmax())   # the chain's choice first, whatever the partition's order of ties
-        rest = sorted((int(t) for t in top if t != best), key=lambda t: -float(row[t]))
+        # (a masked row's -inf ids are no siblings)
+        rest = sorted((int(t) for t in top if t != best and row[t] > -np.inf), key=lambda t: -float(row[t]))
         return [(t, None) for t in [best, *rest][:b]]
     q = drafter.distribution(row, sampling)
     out = []
@@ -203,17 +219,17 @@ def choose_shape(setting, controller, drafter, context, k: int, width: int) -> t
     return controller.trees.choose(source, k, width, first, draft_chain, row_cost, verify)
 
 
-def propose_tree(drafter, context, k: int, shape: Sequence[int], sampling, rng) -> Draft:
-    """Draft a tree of this shape with whoever drafts this step."""
+def propose_tree(drafter, context, k: int, shape: Sequence[int], sampling, rng, grammar=None) -> Draft:
+    """Draft a tree of this shape with whoever drafts this step (`grammar`: as `Drafter.propose`)."""
     source = source_of(drafter)
     model = model_of(drafter)
     if source == "model" and model is not None:
-        return model_tree(model, context, k, shape, sampling, rng)
+        return model_tree(model, context, k, shape, sampling, rng, grammar)
     lookup = drafter if isinstance(drafter, PromptLookup) else getattr(drafter, "lookup", None)
     if source == "lookup" and lookup is not None:
         lookup.store.update(context)
         return lookup_tree(lookup, context, k, shape)
-    return drafter.propose(context, k, sampling, rng)
+    return drafter.propose(context, k, sampling, rng, grammar=grammar)
 
 
 def learn_tree(drafter, controller, k: int, draft: Draft, path: Sequence[int], trials, t_draft: float,

@@ -29,6 +29,7 @@ from .batch import Batch, Sequences, logit_start
 from .backend import (_init_backend, _load_progress, _recent_log, backend_devices, gpu_offload_supported,  # noqa: F401
                       library_version, system_info)
 from .files import Cancelled, EngineError, WorkerError, check_gguf, load_failure
+from .grammar import ANY_JSON_OBJECT, Grammar, GrammarError, schema_grammar  # noqa: F401
 from .rpc import add_workers as connect_workers, on_lost as on_worker_lost  # noqa: F401
 
 
@@ -253,6 +254,11 @@ class Model(Sequences):
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self._vocab, token))
+
+    def grammar(self, text: str, root: str = "root") -> Grammar:
+        """A fresh state of GBNF grammar `text` over this vocabulary (engine/grammar.py); a bad
+        grammar is one GrammarError line."""
+        return Grammar.compile(self._vocab, self.n_vocab, text, root)
 
     def token_attr(self, token: int) -> int:
         """llama.cpp's llama_token_attr flags of `token` (control, user-defined, strips…)."""

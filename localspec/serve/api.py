@@ -2,8 +2,8 @@
 
 No web framework here: request bodies arrive as parsed JSON (dicts), answers leave as dicts, and
 every refusal is an `ApiError` carrying its HTTP status and OpenAI's error body. What localspec
-cannot do is refused, never silently ignored: n > 1, tools and function calls, log probabilities,
-a response_format other than text. Fields
+cannot do is refused, never silently ignored: n > 1, tools and function calls, log probabilities.
+Fields
 OpenAI defines that change nothing here (user, store, metadata, parallel_tool_calls…) and unknown
 fields are ignored, as clients send them freely.
 
@@ -12,6 +12,12 @@ fields are ignored, as clients send them freely.
 over the last --repeat-last-n tokens of prompt and output (`localspec.decoding.processing`).
 Extensions: `top_k`, `min_p` and `repeat_penalty` (as llama.cpp's server takes them), and `usage.localspec` (α,
 draft efficiency, tokens per target pass, mean k, drafter, tokens/s, seed) in every usage object.
+
+`response_format`: {"type": "json_object"} (any JSON object), {"type": "json_schema", "json_schema":
+{"name", "schema", "strict"}} (converted to a grammar by llama-cpp-python's json_schema_to_gbnf; an
+unusable schema is a 400 naming the problem), or {"type": "text"} (no constraint, whatever the
+server's --grammar / --format default). Under a grammar, finish_reason "stop" means the grammar was
+complete (the end of generation is allowed only then), "length" that max_tokens cut it first.
 """
 
 from __future__ import annotations
@@ -105,9 +111,6 @@ def _unsupported(body: dict) -> None:
         refuse("logprobs", "log probabilities are not supported")
     if body.get("top_logprobs") is not None:
         refuse("top_logprobs", "log probabilities are not supported")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        refuse("response_format", "only response_format {\"type\": \"text\"} is supported")
     if body.get("echo"):
         refuse("echo", "echo is not supported")
     if body.get("suffix") is not None:
@@ -136,6 +139,9 @@ def _sampling(body: dict, defaults: Defaults) -> SamplingConfig:
     bias = body.get("logit_bias")
     if bias is not None:
         cfg = replace(cfg, logit_bias=_logit_bias(bias))
+    fmt = body.get("response_format")
+    if fmt is not None:
+        cfg = replace(cfg, **_response_format(fmt))
     seed = _typed(body, "seed", _is_int, "an integer")
     if seed is None:
         seed = defaults.seed
@@ -144,6 +150,29 @@ def _sampling(body: dict, defaults: Defaults) -> SamplingConfig:
     if seed is None or seed == -1:
         seed = secrets.randbits(31)
     return replace(cfg, seed=seed)
+
+
+def _response_format(fmt) -> dict:
+    """The grammar fields of SamplingConfig for OpenAI's response_format."""
+    from localspec.engine.grammar import ANY_JSON_OBJECT, GrammarError, schema_grammar
+
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return {"grammar": "", "grammar_name": ""}
+    if kind == "json_object":
+        return {"grammar": ANY_JSON_OBJECT, "grammar_name": "json"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ApiError("response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                           param="response_format", code="invalid_value")
+        try:
+            return {"grammar": schema_grammar(schema), "grammar_name": f"schema {str(spec.get('name', ''))[:40]}".strip()}
+        except GrammarError as e:
+            raise ApiError(f"response_format: {e}", param="response_format", code="invalid_value") from None
+    raise ApiError("response_format type must be text, json_object or json_schema", param="response_format",
+                   code="invalid_value")
 
 
 def _logit_bias(bias) -> tuple[tuple[int, float], ...]:

@@ -46,7 +46,7 @@ from starlette.routing import Route
 from localspec.loading.controllers import Controllers
 from localspec.loading.pool import SlotPool
 from localspec.decoding.controller import KController
-from localspec.engine import Cancelled
+from localspec.engine import Cancelled, GrammarError
 from localspec.tokens import common_prefix, prompt_fits
 from .api import ApiError, Defaults, Reply, parse, too_long
 from .http import CountRequests, EventStream, api_error, collect, http_error, internal_error, key_matches, read_json, sse, watch_disconnect
@@ -217,6 +217,11 @@ class Server:
             raise ApiError("the prompt is empty", param="prompt", code="invalid_value")
         if not prompt_fits(len(tokens), self.session.n_ctx):
             raise too_long(len(tokens), self.session.n_ctx, req.chat)
+        if req.sampling.grammar:   # llama.cpp parses it here, so a bad one is a 400, not a broken stream
+            try:
+                target.grammar(req.sampling.grammar).close()
+            except GrammarError as e:
+                raise ApiError(f"response_format: {e}", param="response_format", code="invalid_value") from None
         return tokens
 
     def _refuse_if_full(self) -> None:

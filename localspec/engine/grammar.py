@@ -1,0 +1,189 @@
+"""llama.cpp's grammar engine (GBNF), as a state the decoder can check, advance and fork.
+
+A `Grammar` wraps one `llama_sampler_init_grammar` sampler: `allowed(ids)` runs its apply on just
+those candidates (a `llama_token_data_array` of them), `accept(token)` advances it, `fork()` is
+`llama_sampler_clone` (a branch's state; the original stays where it was, which is how a rejected
+draft rolls back). Nothing here decides what is sampled: decoding/constrain.py does, on the ids it
+asks about.
+
+llama.cpp aborts the process when a token the grammar forbids is accepted (a C++ exception through
+its C API), so `accept` checks the token first and raises instead. Its parser reports a bad grammar
+on the C stderr only; `compile` catches that text for the one error line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import tempfile
+import threading
+
+import numpy as np
+
+import llama_cpp as C
+from llama_cpp import llama_grammar
+
+from .files import EngineError
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+assert TOKEN_DATA.itemsize == ctypes.sizeof(C.llama_token_data)
+
+ANY_JSON_OBJECT = llama_grammar.JSON_GBNF
+"""GBNF for any JSON object (llama.cpp's grammars/json.gbnf): `--format json`, json_object."""
+
+_STDERR = threading.Lock()   # fd 2 is the process's: one capture at a time
+
+
+class GrammarError(EngineError):
+    """A grammar or JSON schema that cannot be used; the message is one line naming the problem."""
+
+
+def schema_grammar(schema: str | dict) -> str:
+    """GBNF for a JSON schema (text or parsed), by llama-cpp-python's `json_schema_to_gbnf` (the
+    port of llama.cpp's json-schema-to-grammar)."""
+    try:
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        parsed = json.loads(text)
+        if not isinstance(parsed, dict):
+            raise GrammarError(f"a JSON schema must be an object, got {type(parsed).__name__}")
+        _refuse_unenforced(parsed, "the schema")
+        return _strict_strings(llama_grammar.json_schema_to_gbnf(text))
+    except GrammarError:
+        raise
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"the JSON schema is not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise GrammarError("the JSON schema nests too deeply") from None
+    except Exception as e:   # the converter raises ValueError, KeyError, TypeError... on odd schemas
+        detail = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise GrammarError(f"unsupported JSON schema: {detail}") from None
+
+
+# Keywords that constrain values but that llama-cpp-python's converter passes over in silence:
+# output "under" such a schema could break it, so the schema is refused, naming the keyword.
+UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems", "not",
+              "if", "then", "else", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+              "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+              "unevaluatedProperties", "unevaluatedItems")
+
+
+def _refuse_unenforced(schema, where: str, depth: int = 0) -> None:
+    if depth > 64:
+        raise GrammarError("the JSON schema nests too deeply")
+    if isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            _refuse_unenforced(sub, f"{where}[{i}]", depth + 1)
+        return
+    if not isinstance(schema, dict):
+        return
+    for key in UNENFORCED:
+        if key in schema:
+            raise GrammarError(f"unsupported JSON schema: '{key}' (in {where}) cannot be enforced by the "
+                               f"grammar converter; drop it or check it after generation")
+    for key in ("items", "additionalProperties", "prefixItems", "anyOf", "oneOf", "allOf"):
+        if key in schema:
+            _refuse_unenforced(schema[key], f"{where}.{key}", depth + 1)
+    for key in ("properties", "$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                _refuse_unenforced(sub, f"{where}.{key}.{name}", depth + 1)
+
+
+_LOOSE_CHAR = r'char ::= [^"\\] |'
+_STRICT_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
+def _strict_strings(gbnf: str) -> str:
+    """JSON strings hold no raw control characters (RFC 8259): llama-cpp-python 0.3's port lets
+    them through (`char ::= [^"\\]`), llama.cpp's own converter excludes them; use llama.cpp's."""
+    return "\n".join(_STRICT_CHAR + line[len(_LOOSE_CHAR):] if line.startswith(_LOOSE_CHAR) else line
+                     for line in gbnf.split("\n"))
+
+
+def _parse(vocab, text: str, root: str):
+    """llama_sampler_init_grammar, with what its parser prints on fd 2 caught: (sampler, message)."""
+    with _STDERR, tempfile.TemporaryFile() as caught:
+        saved = os.dup(2)
+        try:
+            os.dup2(caught.fileno(), 2)
+            smpl = C.llama_sampler_init_grammar(vocab, text.encode("utf-8"), root.encode("utf-8"))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        said = caught.read(4096).decode("utf-8", "replace")
+    return smpl, said
+
+
+def _reason(said: str, root: str) -> str:
+    for line in said.splitlines():
+        if "error parsing grammar:" in line:
+            return line.split("error parsing grammar:", 1)[1].strip()[:200]
+    if root:
+        return f"no rule named '{root}', or a rule used but not defined"
+    return "it could not be parsed"
+
+
+class Grammar:
+    """One grammar state over a model's vocabulary (see the module docstring)."""
+
+    def __init__(self, smpl, vocab, n_vocab: int):
+        self._smpl = smpl
+        self._vocab = vocab
+        self.n_vocab = n_vocab
+        self._buf = np.zeros(64, dtype=TOKEN_DATA)
+
+    @classmethod
+    def compile(cls, vocab, n_vocab: int, text: str, root: str = "root") -> "Grammar":
+        if not text.strip():
+            raise GrammarError("the grammar is empty")
+        if "\x00" in text:
+            raise GrammarError("the grammar contains a NUL character")
+        smpl, said = _parse(vocab, text, root)
+        if not smpl:
+            raise GrammarError(f"bad grammar: {_reason(said, root)}")
+        return cls(smpl, vocab, n_vocab)
+
+    def allowed(self, ids) -> np.ndarray:
+        """For each id, whether the grammar lets it come next (ids past the vocabulary: never)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        ok = (ids >= 0) & (ids < self.n_vocab)
+        n = int(ok.sum())
+        if n == 0:
+            return ok
+        if len(self._buf) < n:
+            self._buf = np.zeros(max(n, 2 * len(self._buf)), dtype=TOKEN_DATA)
+        buf = self._buf[:n]
+        buf["id"] = ids[ok]
+        buf["logit"] = 0.0
+        arr = C.llama_token_data_array(
+            data=buf.ctypes.data_as(ctypes.POINTER(C.llama_token_data)), size=n, selected=-1, sorted=False)
+        C.llama_sampler_apply(self._smpl, ctypes.byref(arr))
+        out = np.zeros(len(ids), dtype=bool)
+        out[ok] = buf["logit"] == 0.0
+        return out
+
+    def accept(self, token: int) -> None:
+        """Advance past `token`, which must be allowed here (and not an end of generation)."""
+        if C.llama_vocab_is_eog(self._vocab, int(token)) or not self.allowed([token])[0]:
+            raise GrammarError(f"token {token} is not allowed by the grammar here")
+        C.llama_sampler_accept(self._smpl, int(token))
+
+    def fork(self) -> "Grammar":
+        """An independent copy of this state."""
+        smpl = C.llama_sampler_clone(self._smpl)
+        if not smpl:
+            raise GrammarError("llama.cpp could not copy the grammar state")
+        return Grammar(smpl, self._vocab, self.n_vocab)
+
+    def close(self) -> None:
+        if self._smpl:
+            C.llama_sampler_free(self._smpl)
+            self._smpl = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
