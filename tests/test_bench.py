@@ -267,13 +267,14 @@ def test_k_sweep_rejects(text):
         bench.parse_k_sweep(text)
 
 
-def test_builtin_suite_has_four_categories_of_several_prompts():
+def test_builtin_suite_has_five_categories_of_several_prompts():
     prompts = bench.load_prompts()
     by = {}
     for p in prompts:
         by.setdefault(p.category, []).append(p)
-    assert list(by) == ["code-edit", "grounded", "chat", "creative"]
+    assert list(by) == ["code-edit", "grounded", "chat", "creative", "json"]
     assert all(len(v) >= 3 for v in by.values())
+    assert all(p.schema is not None for p in by["json"]) and not any(p.schema for p in prompts if p.category != "json")
     assert bench.select_categories(prompts, ["chat"]) == by["chat"]
 
 
@@ -343,3 +344,28 @@ def test_summary_says_nothing_of_a_loss_when_speculation_won():
     assert "speculation lost" not in table
     overall = [r for r in table.split("auto against each drafter alone")[1].splitlines() if r.startswith("overall")]
     assert re.split(r"\s{2,}", overall[0])[5:7] == ["1.25×", "2.50×"]
+
+
+# ---- --constraints: JSON extraction five ways -----------------------------------------------------
+
+def test_constraints_runs_the_json_prompts_five_ways(tmp_path):
+    f = tmp_path / "one.jsonl"
+    f.write_text('{"category": "json", "prompt": "Give {\\"ok\\": true} as JSON.", "max_tokens": 12, '
+                 '"schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}\n')
+    result = invoke("--constraints", "--prompts", str(f), "--no-warmup", *TINY)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    ways = report["ways"]
+    assert list(ways) == ["plain", "spec", "plain+schema", "spec+schema, draft masked", "spec+schema, draft unmasked"]
+    assert all(w["runs"] == 1 and w["tokens"] > 0 for w in ways.values())
+    assert ways["plain+schema"]["valid_json"] == 1 and ways["spec+schema, draft masked"]["valid_json"] == 1
+    assert ways["spec+schema, draft masked"]["vs_plain"] > 0
+
+
+def test_constraints_without_a_schema_is_one_line(tmp_path):
+    f = tmp_path / "two.jsonl"
+    f.write_text(TWO_PROMPTS)
+    assert_clean_failure(invoke("--constraints", "--prompts", str(f), *TINY), "needs prompts with a JSON schema")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x", "schema": [1]}\n')
+    assert_clean_failure(invoke("--prompts", str(bad), *TINY), '"schema" must be an object')

@@ -37,10 +37,11 @@ from localspec.decoding.controller import KController
 from localspec.decoding.decoder import Step, generate_steps
 from localspec.decoding.stats import tree_label
 from localspec.loading.defaults import MAX_PROMPT_BYTES, read_capped, shown
+from localspec.engine.grammar import schema_grammar
 from localspec.machine import load_1min, usable_cpus
 
 SCHEMA = "localspec.bench/2"   # 2: alpha = accepted / tested positions (was / drafted); draft_efficiency
-KEYS = {"category": str, "prompt": str, "max_tokens": int, "system": str}
+KEYS = {"category": str, "prompt": str, "max_tokens": int, "system": str, "schema": dict}
 COMPARE = ("llama-cpp-python",)
 WARMUP_TOKENS = 16
 REFERENCE_LOOKUP = 10       # LlamaPromptLookupDecoding's own default num_pred_tokens
@@ -56,6 +57,8 @@ class BenchPrompt:
     """Overrides --max-tokens for this prompt."""
     system: str | None = None
     source: str = ""
+    schema: dict | None = None
+    """A JSON schema: every run of this prompt is constrained by it (the `json` category)."""
     """"FILE:LINE", for messages."""
 
 
@@ -103,7 +106,7 @@ def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
         for key, typ in KEYS.items():
             value = obj.get(key)
             if key in obj and (not isinstance(value, typ) or isinstance(value, bool)):
-                want = "an integer" if typ is int else "a string"
+                want = {int: "an integer", dict: "an object"}.get(typ, "a string")
                 raise ConfigError(f'{where}: "{key}" must be {want}, got {_json_type(value)}')
         if not obj["prompt"].strip():
             raise ConfigError(f'{where}: "prompt" is empty')
@@ -112,7 +115,8 @@ def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
             raise ConfigError(f'{where}: "category" is empty')
         if obj.get("max_tokens", 1) < 1:
             raise ConfigError(f'{where}: "max_tokens" must be >= 1, got {shown(obj["max_tokens"])}')
-        prompts.append(BenchPrompt(category, obj["prompt"], obj.get("max_tokens"), obj.get("system"), where))
+        prompts.append(BenchPrompt(category, obj["prompt"], obj.get("max_tokens"), obj.get("system"), where,
+                                   obj.get("schema")))
     if not prompts:
         raise ConfigError(f"{file}: no prompts (expected one JSON object per line)")
     return prompts
@@ -197,6 +201,8 @@ class BenchOptions:
     tree: str | tuple[int, ...] = "off"
     """--tree: besides its chain, each of the session drafter's variants runs with this tree
     setting (`spec_variants`); the session's models must hold its `DecodeConfig.n_seq`."""
+    mask_draft: bool = True
+    """Under a grammar (--grammar, a prompt's schema), mask the draft's rows too."""
 
 
 SINGLES = ("model", "lookup")
@@ -219,11 +225,11 @@ def spec_variants(drafter: str, ks: Sequence[int | None], tree: str | tuple[int,
 
 
 def _run_local(session, v: Variant, prompt: list[int], sampling: SamplingConfig, max_tokens: int,
-               controller: KController | None, i: int = -1, r: int = 0) -> Run:
+               controller: KController | None, i: int = -1, r: int = 0, mask_draft: bool = True) -> Run:
     target = session.target
     drafter = session.make_drafter(v.drafter) if v.kind == "spec" else None
     decode = DecodeConfig(max_tokens=max_tokens, k=v.k if v.kind == "spec" else 0,
-                          k_max=controllers.k_max_for(v.k), tree=v.tree)
+                          k_max=controllers.k_max_for(v.k), tree=v.tree, mask_draft=mask_draft)
     target.reset()
     t0 = time.perf_counter()
     target.sync(prompt[:-1])
@@ -268,6 +274,10 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
         encoded.append(toks)
     base_seed = opts.sampling.seed if opts.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
     variants = [Variant("plain", "plain")] + spec_variants(session.drafter_kind, opts.ks, opts.tree)
+    grammars = {i: schema_grammar(p.schema) for i, p in enumerate(prompts) if p.schema is not None}
+    if grammars and opts.compare:
+        raise ConfigError("--compare times llama-cpp-python without a grammar; leave out the json category "
+                          "(prompts with a schema) or --compare")
 
     def controller(v: Variant, warmed: dict[str, bool] | None = None) -> KController:
         # The variant's drafter is made anew for each run (`_run_local`); this one only tells
@@ -299,10 +309,12 @@ def run_bench(session, prompts: list[BenchPrompt], opts: BenchOptions, *, prompt
             if progress:
                 what = "warm-up" if i < 0 else f"{prompts[i].category} #{i + 1}"
                 progress(done, total, f"{what} · {v.name}")
+            if i >= 0 and i in grammars:   # a JSON-extraction prompt: under its schema
+                sampling = replace(sampling, grammar=grammars[i], grammar_name="schema")
             if v.kind == "reference":
                 run = _run_reference(refs[v.key], v, encoded[max(i, 0)], sampling, max_tokens, i, r)
             else:
-                run = _run_local(session, v, encoded[max(i, 0)], sampling, max_tokens, controller, i, r)
+                run = _run_local(session, v, encoded[max(i, 0)], sampling, max_tokens, controller, i, r, opts.mask_draft)
             done += 1
             return run
 

@@ -9,6 +9,7 @@ import typer
 from typer.core import TyperCommand
 
 from . import options as o
+from .constraint_options import DraftMask
 
 CATEGORY_HELP = "Only this category (repeatable): {names} in the built-in suite, or those of --prompts."
 
@@ -60,6 +61,11 @@ def register(app: typer.Typer) -> None:
             None, "--concurrency", metavar="LEVELS",
             help="Run the suite with this many generations at once (a comma list like 1,2,4: one level each), plain batched "
                  "decoding against speculation at each: total and per-request tokens/s, inter-token latency, α."),
+        constraints: bool = typer.Option(
+            False, "--constraints",
+            help="JSON extraction (prompts with a schema: the json category) five ways, interleaved: plain and "
+                 "speculative unconstrained, and under the schema plain, with the draft masked, and unmasked."),
+        draft_mask: DraftMask = True,
         no_warm_start: o.NoWarmStart = False,
         as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON (schema: docs/bench-schema.md)."),
     ) -> None:
@@ -104,10 +110,26 @@ def register(app: typer.Typer) -> None:
                         ks, opts.tree, repeat, warmup, progress)
                 typer.echo(json.dumps(report, ensure_ascii=False, indent=2) if as_json else conc.format_concurrency(report))
                 return
+            if constraints:
+                from localspec.bench import constrained
+
+                if concurrency is not None or compare is not None:
+                    raise ConfigError("--constraints runs on its own: leave out --concurrency and --compare")
+                session = Session.load(opts.load)
+                chat_on = session.chat_or_raw(chat, lambda m: typer.echo(m, err=True))
+                encoded = [session.prompt_tokens(p.prompt, chat_on, p.system) for p in suite]
+                with _progress_bar() as progress:
+                    report = constrained.run_constraints(
+                        session, encoded, [p.schema for p in suite], [p.max_tokens or max_tokens for p in suite],
+                        opts.sampling, ks[0], opts.tree, repeat, warmup, progress)
+                typer.echo(json.dumps(report, ensure_ascii=False, indent=2) if as_json
+                           else constrained.format_constraints(report))
+                return
             session = Session.load(opts.load)
             options = bench.BenchOptions(
                 sampling=opts.sampling, ks=tuple(ks), max_tokens=max_tokens, repeat=repeat, chat=chat,
                 compare=compare, warmup=warmup, warm_start=not no_warm_start, tree=opts.tree,
+                mask_draft=draft_mask,
             )
             with _progress_bar() as progress:
                 report = bench.run_bench(session, suite, options, prompts_file=prompts, progress=progress,
