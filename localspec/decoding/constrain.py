@@ -93,8 +93,14 @@ def _settled(kept: list[float], nxt: float, rest: int, cfg: SamplingConfig) -> b
     w = np.exp(x)
     before = np.cumsum(w) - w
     mass = float(before[-1] + w[-1])
-    unasked = rest * math.exp(nxt - kept[0]) if math.isfinite(nxt) else 0.0
     lo = int(np.searchsorted(before, cfg.top_p * mass * (1 - _SLACK), side="left"))
+    if cfg.min_p > 0.0 and nxt < kept[0] + math.log(cfg.min_p):
+        # Min-p cuts after top-p: when top-p keeps every token above min-p's floor even at the
+        # least mass (more unasked mass only moves its cut down), min-p alone decides.
+        above = int(np.count_nonzero(x >= math.log(cfg.min_p)))
+        if lo - 1 >= above - 1:
+            return True
+    unasked = rest * math.exp(nxt - kept[0]) if math.isfinite(nxt) else 0.0
     hi = int(np.searchsorted(before, cfg.top_p * (mass + unasked) * (1 + _SLACK), side="left"))
     last = max(hi - 1, 0)
     return lo == hi and last < len(kept) - 1 and kept[last] > nxt
