@@ -266,3 +266,31 @@ class Target:
             ids = np.append(ids[~end], self.end)
             probs = np.append(probs[~end], probs[end].sum())
         return Sparse(ids, probs)
+
+
+# -- greedy identity on F32: divergences only at near-ties ------------------------------------------
+
+NEAR_TIE = 0.01
+"""A divergence is a near-tie when the plain path's two best processed logits there are this close:
+llama.cpp's kernels round a row differently in a batch of another size, even on F32 (seen: 0.002)."""
+
+
+def near_tie_gap(session, sampling: SamplingConfig, prompt, plain, other) -> float | None:
+    """None when `other` equals `plain`; else the gap between the two best processed logits of the
+    target's row (computed alone) where they part — among the tokens the grammar allows there,
+    under a grammar."""
+    if other == plain:
+        return None
+    i = next((j for j in range(min(len(plain), len(other))) if plain[j] != other[j]), min(len(plain), len(other)))
+    m = session.target
+    m.truncate(0)
+    text = [*prompt, *plain[:i]]
+    row = process(m.eval(text, logits_from=len(text) - 1)[-1], window(text, [], sampling), sampling)
+    m.truncate(0)
+    if sampling.grammar:
+        g = m.grammar(sampling.grammar)
+        for t in plain[:i]:
+            g.accept(t)
+        row = row[g.allowed(np.arange(len(row)))]
+    top = np.sort(row)[-2:]
+    return float(top[1] - top[0])

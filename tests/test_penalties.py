@@ -28,7 +28,7 @@ from localspec.decoding.drafters import ModelDrafter, PromptLookup
 from localspec.decoding.processing import process, window
 from localspec.engine import Model
 from localspec.loading.session import LoadConfig, Session
-from tests.law_helpers import CFG, REPEATING, Target
+from tests.law_helpers import CFG, NEAR_TIE, REPEATING, Target, near_tie_gap
 from tests.test_exact_e2e import check as law_check
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -112,26 +112,6 @@ def run(session, kind, sampling, prompt, k=None) -> list[int]:
     return [t for s in steps for t in s.tokens]
 
 
-NEAR_TIE = 0.01
-"""A divergence is a near-tie when the plain path's two best processed logits there are this close:
-llama.cpp's kernels round a row differently in a batch of another size, even on F32 (seen: 0.002)."""
-
-
-def near_tie_gap(session, sampling, prompt, plain, other) -> float | None:
-    """None when `other` equals `plain`; else the gap between the two best processed logits of the
-    target's row (computed alone) where they part."""
-    if other == plain:
-        return None
-    i = next((j for j in range(min(len(plain), len(other))) if plain[j] != other[j]), min(len(plain), len(other)))
-    m = session.target
-    m.truncate(0)
-    text = [*prompt, *plain[:i]]
-    row = process(m.eval(text, logits_from=len(text) - 1)[-1], window(text, [], sampling), sampling)
-    m.truncate(0)
-    top = np.sort(row)[-2:]
-    return float(top[1] - top[0])
-
-
 @pytest.mark.parametrize("name", list(PROCESSINGS))
 def test_greedy_speculation_equals_plain_under_the_processing(pair, name):
     sampling = PROCESSINGS[name]
@@ -192,7 +172,7 @@ def test_penalized_sampling_follows_the_target(tiny):
 
 def test_an_unprocessed_draft_still_follows_the_target(tiny, monkeypatch):
     target, draft, ref = tiny
-    monkeypatch.setattr(localspec.decoding.drafters, "processed", lambda row, cfg, seen, i: row)
+    monkeypatch.setattr(localspec.decoding.drafters, "processed", lambda row, cfg, seen, i, states=None: row)
     result = law_check(ref, law_runs(target, draft, ref, RUNS))
     print("unprocessed draft", result)
     assert result["forbidden"] == 0 and result["rank"] < result["rank_crit"] and result["first"].ok

@@ -10,6 +10,7 @@ under the same constraint.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from typing import Callable, Sequence
@@ -97,8 +98,6 @@ def run_constraints(session, prompts: Sequence[list[int]], schemas: Sequence[dic
 
 
 def _parses(text: str) -> int:
-    import json
-
     try:
         json.loads(text)
         return 1

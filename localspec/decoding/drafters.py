@@ -19,7 +19,7 @@ from localspec.config import SamplingConfig
 from .dists import Dist
 from .lookup import NGRAM_MAX, NGramStore
 from localspec.tokens import common_prefix
-from .constrain import NothingAllowed, constrain
+from .constrain import NothingAllowed
 from .processing import window
 from .sampling import BadLogits, distribution, processed
 from .tree import DraftTree
@@ -189,13 +189,13 @@ class ModelDrafter(_Single):
         tokens: list[int] = []
         rows: list[Dist] = []
         host = 0.0
+        states = (lambda _: grammar) if grammar is not None else None
+        touched = sampling.processed or states is not None   # else each row is sampled as it comes
         for i in range(k):
             h = time.perf_counter()
-            if sampling.processed:   # as the target's row after the same text will be
-                row = processed(row, sampling, lambda _: window(context, tokens, sampling), 0)
-            if grammar is not None:
+            if touched:   # as the target's row after the same text will be
                 try:
-                    row = constrain(row, sampling, grammar)
+                    row = processed(row, sampling, lambda _: window(context, tokens, sampling), 0, states)
                 except NothingAllowed:
                     break   # nothing the grammar allows has a finite logit here: draft no further
             if sampling.greedy:

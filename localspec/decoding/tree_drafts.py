@@ -20,8 +20,9 @@ import numpy as np
 from localspec.config import MAX_TREE_NODES, tree_leaves
 from .drafters import Draft, ModelDrafter, PromptLookup, split_draft_time
 from .dists import Dist
-from .constrain import NothingAllowed, constrain
-from .processing import process, window
+from .constrain import NothingAllowed
+from .processing import window
+from .sampling import processed
 from .tree import DraftTree
 
 
@@ -58,11 +59,10 @@ def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sam
                 break
         level = []
         for node, seq, row, state in frontier:
-            if sampling.processed:   # as the target's row after the same path will be
-                row = process(row, window(context, path_to(node, tokens, parents), sampling), sampling)
-            if state is not None:
+            if sampling.processed or state is not None:   # as the target's row after the same path will be
                 try:
-                    row = constrain(row, sampling, state)
+                    row = processed(row, sampling, lambda _: window(context, path_to(node, tokens, parents), sampling),
+                                    0, (lambda _: state) if state is not None else None)
                 except NothingAllowed:
                     continue
             for x, q in siblings(drafter, row, b, sampling, rng):
