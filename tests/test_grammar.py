@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ from localspec.decoding.processing import window
 from localspec.decoding.sampling import distribution
 from localspec.engine import ANY_JSON_OBJECT, GrammarError, Model, schema_grammar
 from localspec.loading.session import LoadConfig, Session
-from tests.law_helpers import Target
+from tests.law_helpers import NEAR_TIE, Target, near_tie_gap
 from tests.test_exact_e2e import check as law_check
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -162,7 +163,6 @@ GREEDY = {
     "schema": SamplingConfig(temperature=0.0, grammar=schema_grammar(PERSON)),
     "schema+repeat": SamplingConfig(temperature=0.0, grammar=schema_grammar(PERSON), repeat_penalty=1.3),
 }
-NEAR_TIE = 0.01   # as test_penalties: batches of other sizes round a row differently, even on F32
 
 
 def run(session, kind, sampling, prompt, mask=True, tree="off", max_tokens=40) -> list[int]:
@@ -170,26 +170,6 @@ def run(session, kind, sampling, prompt, mask=True, tree="off", max_tokens=40) -
     steps = generate_steps(session.target, drafter, prompt, sampling,
                            DecodeConfig(max_tokens=max_tokens, mask_draft=mask, tree=tree), rng=np.random.default_rng(0))
     return [t for s in steps for t in s.tokens]
-
-
-def gap_where_they_part(session, sampling, prompt, plain, other) -> float | None:
-    """None when equal; else the gap between the two best allowed processed logits of the target's
-    row (computed alone) where the texts part."""
-    if other == plain:
-        return None
-    i = next((j for j in range(min(len(plain), len(other))) if plain[j] != other[j]), min(len(plain), len(other)))
-    m = session.target
-    m.truncate(0)
-    text = [*prompt, *plain[:i]]
-    from localspec.decoding.processing import process
-    row = process(m.eval(text, logits_from=len(text) - 1)[-1], window(text, [], sampling), sampling)
-    m.truncate(0)
-    g = m.grammar(sampling.grammar)
-    for t in plain[:i]:
-        g.accept(t)
-    allowed = row[g.allowed(np.arange(len(row)))]
-    top = np.sort(allowed)[-2:]
-    return float(top[1] - top[0])
 
 
 @pytest.mark.parametrize("name", list(GREEDY))
@@ -202,7 +182,7 @@ def test_greedy_speculation_equals_plain_under_the_grammar(pair, name):
     assert text.lstrip().startswith("{"), text
     for kind, mask, tree in (("model", True, "off"), ("model", False, "off"), ("lookup", True, "off"),
                              ("auto", True, "off"), ("model", True, "2,2,2"), ("lookup", True, "3")):
-        gap = gap_where_they_part(pair, sampling, prompt, plain, run(pair, kind, sampling, prompt, mask, tree))
+        gap = near_tie_gap(pair, sampling, prompt, plain, run(pair, kind, sampling, prompt, mask, tree))
         if gap is not None:
             gaps.append(gap)
             assert gap < NEAR_TIE, f"{kind} mask={mask} tree {tree} left plain decoding {gap:.4f} from a tie"
@@ -237,21 +217,29 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-grammar")
     t_path = write_tiny_gguf(folder / "target.gguf", scale=0.8, n_embd=32, n_ff=64, seed=0)
     d_path = write_tiny_gguf(folder / "draft.gguf", scale=1.1, n_embd=32, n_ff=64, seed=0)
-    with Model(ModelConfig(str(t_path), n_ctx=128)) as t, Model(ModelConfig(str(d_path), n_ctx=128)) as d, \
+    # four sequences each (a unified cache): room for the trees' branches
+    with Model(ModelConfig(str(t_path), n_ctx=128, n_seq=4)) as t, \
+            Model(ModelConfig(str(d_path), n_ctx=128, n_seq=4)) as d, \
             Model(ModelConfig(str(t_path), n_ctx=128)) as alone:
         yield t, d, Target(alone, alone.tokenize("hi the"), LAW)
 
 
-def law_runs(target, draft, ref: Target, mask: bool = True):
+TREE = "2,2"   # a draft tree of 4 branches at k = 2: siblings, each masked by its own path's state
+
+
+def law_runs(target, draft, ref: Target, mask: bool = True, tree: str = "off", counts: dict | None = None):
     runs, drafted, accepted = [], 0, 0
     for r in range(RUNS):
         tokens, verified, finish = [], [], None
         for step in generate_steps(target, ModelDrafter(draft), ref.prompt, LAW,
-                                   DecodeConfig(max_tokens=L, k=K, mask_draft=mask), rng=np.random.default_rng([29, r])):
+                                   DecodeConfig(max_tokens=L, k=K, mask_draft=mask, tree=tree),
+                                   rng=np.random.default_rng([29, r])):
             tokens += step.tokens
             verified += [step.n_drafted] * (len(step.tokens) + (step.finish == "stop"))
             finish = step.finish
             drafted, accepted = drafted + step.n_drafted, accepted + step.n_accepted
+            if counts is not None:
+                counts["tree_steps"] = counts.get("tree_steps", 0) + (step.branches > 1)
         runs.append((tokens, verified, finish))
     return runs, accepted / max(drafted, 1)
 
@@ -275,6 +263,30 @@ def test_constrained_sampling_follows_the_target(tiny):
     assert result["first"].ok, f"first token: {result['first']}"
     first = ref.rows([], 1)[0]   # a choice, and a narrow one: the grammar is live here
     assert 2 <= len(first) <= 12
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_constrained_tree_sampling_follows_the_target(tiny, mask):
+    target, draft, ref = tiny
+    counts: dict = {}
+    runs, alpha = law_runs(target, draft, ref, mask=mask, tree=TREE, counts=counts)
+    result = law_check(ref, runs)
+    print(f"tree {TREE}, draft masked {mask}: α {alpha:.3f}, {counts['tree_steps']} tree steps", result)
+    assert counts["tree_steps"] >= RUNS // 2
+    assert result["forbidden"] == 0 and result["rank"] < result["rank_crit"] and result["first"].ok
+
+
+def test_tree_rows_masked_blind_to_the_path_fail(tiny, monkeypatch):
+    target, draft, ref = tiny
+
+    class Blind(C.RowStates):
+        def __call__(self, j):
+            return self._states[0]
+
+    monkeypatch.setattr(localspec.decoding.decoder, "RowStates", Blind)
+    result = wrong_rule_check(ref, law_runs(target, draft, ref, tree=TREE)[0])
+    print("tree rows blind to their path", result)
+    assert result["forbidden"] > 0 or result["rank"] > result["rank_crit"], f"the wrong mask passed: {result}"
 
 
 def test_the_constraint_on_p_only_still_follows_the_target(tiny):
@@ -328,7 +340,7 @@ def test_fifty_sampled_generations_validate_against_the_schema(fast_pair):
     finishes = []
     for seed in range(N_VALID):
         steps = list(generate_steps(fast_pair.target, fast_pair.make_drafter("model"), prompt,
-                                    SamplingConfig(**{**cfg.__dict__, "seed": seed}), DecodeConfig(max_tokens=120)))
+                                    replace(cfg, seed=seed), DecodeConfig(max_tokens=120)))
         text = fast_pair.target.detokenize([t for s in steps for t in s.tokens])
         finishes.append(steps[-1].finish)
         jsonschema.validate(json.loads(text), PERSON)
