@@ -347,3 +347,31 @@ def test_shifting_every_logit_changes_nothing(c):
         want = reference(shifted, c)
         np.testing.assert_array_equal(got > 0, want > 0, err_msg=f"shift {shift}")
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9, err_msg=f"shift {shift}")
+
+
+@pytest.mark.parametrize("c", [cfg(1.0, top_k=40, top_p=0.95, min_p=0.05), cfg(1.0, top_k=40), cfg(0.8, top_k=300, top_p=0.9),
+                               cfg(1.0, top_p=0.95), cfg(1.0, top_p=0.999), cfg(0.7, top_p=0.5, min_p=0.01)],
+                         ids=["default", "top_k", "wide_top_k-top_p", "top_p", "top_p-0.999", "top_p-min_p"])
+def test_large_vocabularies_flat_peaked_tied_and_ordered_rows_match_the_reference(c):
+    """At 128k ids the top-k set is found through a threshold read off a strided sample, and a
+    nucleus of more than a few thousand candidates is cut by buckets of value: rows of every spread
+    (a random-weight model's are nearly flat), rows on a coarse grid (ties at every cut), and
+    rows sorted or periodic in the id (a strided sample that misleads: the wider search decides)
+    are all cut as the reference cuts them."""
+    from localspec.decoding.sampling import distribution
+
+    rng = np.random.default_rng(21)
+    n = 128_256
+    rows = [rng.standard_normal(n) * s for s in (0.05, 0.4, 1.5, 6.0)]
+    rows.append(np.round(rng.standard_normal(n) * 8) / 8)                     # ties everywhere
+    rows.append(np.sort(rng.standard_normal(n)))                              # sorted by id
+    rows.append(np.where(np.arange(n) % 31 == 0, -5.0, 0.0) + rng.standard_normal(n) * 0.01)  # periodic
+    spike = rng.standard_normal(n) * 0.3
+    spike[rng.choice(n, 50, replace=False)] += 9.0                            # a few far above the rest
+    rows.append(spike)
+    for row in rows:
+        row = row.astype(np.float32)
+        got = distribution(row, c).dense(n)
+        want = reference(row, c)
+        np.testing.assert_array_equal(got > 0, want > 0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-12)

@@ -59,14 +59,16 @@ def distribution(row: np.ndarray, cfg: SamplingConfig) -> Dist:
     total = None  # the mass top-p reads, relative to exp(max); None = the candidates' own
     if top_k:
         # top-p reads the mass of the whole top-k set, below min-p's floor too
-        depth = _NEAR if cfg.top_p < 1.0 or cfg.min_p == 0.0 else min(_NEAR, -_log(cfg.min_p))
-        ids, vals, m = _near(row, depth)
-        if len(ids) < top_k and (cfg.top_p < 1.0 or depth < -_log(cfg.min_p)):
-            ids, vals = _top_k_wide(row, m, top_k)
-        elif len(ids) > top_k:
-            kth = np.partition(vals, len(vals) - top_k)[len(vals) - top_k]
-            keep = vals >= kth
-            ids, vals = ids[keep], vals[keep]
+        found = _top_k_sampled(row, top_k)
+        if found is not None:
+            ids, vals, m = found
+        else:
+            depth = _NEAR if cfg.top_p < 1.0 or cfg.min_p == 0.0 else min(_NEAR, -_log(cfg.min_p))
+            ids, vals, m = _near(row, depth)
+            if len(ids) < top_k and (cfg.top_p < 1.0 or depth < -_log(cfg.min_p)):
+                ids, vals = _top_k_wide(row, m, top_k)
+            elif len(ids) > top_k:
+                ids, vals = _top_of(ids, vals, top_k)
     elif cfg.top_p < 1.0:
         ids, vals, m = _near(row, min(_NUCLEUS_DEPTHS[0], -_log(cfg.min_p)))
         ids, vals, total = _nucleus_candidates(row, m, cfg.top_p, m + _log(cfg.min_p), ids, vals)
@@ -75,6 +77,40 @@ def distribution(row: np.ndarray, cfg: SamplingConfig) -> Dist:
     else:
         return _dense(row, _max(row), cfg.temperature)
     return _truncated(ids, vals, m, cfg, total)
+
+
+_SAMPLE = 1024        # values read to place the top-k threshold: a strided sample of the row
+
+
+def _top_k_sampled(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(ids, logits, max) of every token whose logit is at least the k-th largest, found with one
+    compare over the row: a threshold read off a strided sample, low enough that some 2k tokens
+    pass it, so the k-th largest is among them (checked: at least k must pass). A flat row (a
+    hot temperature, a random-weight model) holds a large part of the vocabulary within any fixed
+    depth of its max; this costs the same on any row. None when too few passed (or the sample held
+    a NaN): the caller's wider search decides."""
+    n = len(row)
+    stride = n // _SAMPLE
+    if stride < 4 or 8 * k > n:
+        return None
+    sample = row[::stride]
+    j = min(len(sample), 2 * k // stride + 4)
+    t = np.partition(sample, len(sample) - j)[len(sample) - j]
+    ids = np.flatnonzero(row >= t)
+    if len(ids) < k:
+        return None
+    vals = row[ids]
+    ids, vals = _top_of(ids, vals, k)
+    return ids, vals, _max(vals)
+
+
+def _top_of(ids: np.ndarray, vals: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates at least as large as the k-th largest of them (ties kept)."""
+    if len(ids) <= k:
+        return ids, vals
+    kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+    keep = vals >= kth
+    return ids[keep], vals[keep]
 
 
 def _near(row: np.ndarray, depth: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -97,19 +133,47 @@ def _truncated(ids: np.ndarray, vals: np.ndarray, m: float, cfg: SamplingConfig,
     x = vals.astype(np.float64) - m
     keep = x >= math.log(cfg.min_p) if cfg.min_p > 0.0 else None
     if cfg.top_p < 1.0:
-        desc = np.sort(x)[::-1]
-        w = np.exp(desc)
-        before = np.cumsum(w)
-        before -= w
-        limit = cfg.top_p * (float(before[-1] + w[-1]) if total is None else total)
-        last = max(int(np.searchsorted(before, limit, side="left")) - 1, 0)
-        above = x >= desc[last]   # with the cut's ties
+        above = x >= _nucleus_cut(x, cfg.top_p, total)   # with the cut's ties
         keep = above if keep is None else keep & above
     if keep is not None:
         ids, x = ids[keep], x[keep]
     p = np.exp(x / cfg.temperature)  # float64: even t = 1e-38 leaves exp(0) = 1 at the top
     p /= p.sum()
     return Sparse(ids, p)
+
+
+_SORT_MAX = 8192      # nuclei of more candidates find their cut by buckets of value, not a sort
+_BUCKETS_PER_UNIT = 32
+
+
+def _nucleus_cut(x: np.ndarray, top_p: float, total: float | None) -> float:
+    """The smallest value top-p keeps of float64 logits `x` (relative to the max, so <= 0): in
+    falling order, the last one whose mass before it is below top_p of the total (`total`, or
+    their own). Up to _SORT_MAX candidates by one sort; more (a flat row's nucleus can hold most of
+    a 128k vocabulary) by bucketing the values: the buckets' masses find the one bucket the cut
+    falls in, and only that bucket is sorted."""
+    if len(x) <= _SORT_MAX:
+        desc = np.sort(x)[::-1]
+        w = np.exp(desc)
+        before = np.cumsum(w)
+        before -= w
+        limit = top_p * (float(before[-1] + w[-1]) if total is None else total)
+        return float(desc[max(int(np.searchsorted(before, limit, side="left")) - 1, 0)])
+    w = np.exp(x)
+    limit = top_p * (float(w.sum()) if total is None else total)
+    bucket = np.minimum(-x * _BUCKETS_PER_UNIT, 1 << 20).astype(np.int64)   # 0 holds the max
+    mass = np.bincount(bucket, weights=w)
+    before = np.cumsum(mass)
+    before -= mass
+    # The cut's bucket: the last non-empty one whose mass before it is below the limit.
+    below = np.flatnonzero((before < limit) & (mass > 0))
+    b = int(below[-1])
+    inside = np.sort(x[bucket == b])[::-1]
+    w_in = np.exp(inside)
+    before_in = np.cumsum(w_in)
+    before_in -= w_in
+    before_in += before[b]
+    return float(inside[max(int(np.searchsorted(before_in, limit, side="left")) - 1, 0)])
 
 
 def _truncated_small(ids: np.ndarray, vals: np.ndarray, m: float, cfg: SamplingConfig,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .costs import COST_CLIP, COST_WEIGHT, ewma, fit_line, fit_weights, replace_recorded
+from .costs import COST_CLIP, COST_WEIGHT, ewma, fit_line, fit_weights, line_fit, replace_recorded
 
 FIRST_DECODE_PRIOR_SLOPE = 0.1  # per extra token read, as a share of a one-token decode, until two
                                 # sizes are timed: larger prices a catch-up dearer before it is timed
@@ -114,7 +114,7 @@ class BatchCost:
                 self._line = (base * (1 - FIRST_DECODE_PRIOR_SLOPE), base * FIRST_DECODE_PRIOR_SLOPE)
             else:
                 w = fit_weights([self._count[int(x)] for x in ns])
-                slope, base = np.polyfit(ns, ts, 1, w=w)
+                slope, base = line_fit(ns, ts, w)
                 slope = max(float(slope), 0.0)
                 base = max(float(base), 0.0) if slope > 0 else float(np.average(ts, weights=w))
                 self._line = (base, slope)
