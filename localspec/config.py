@@ -184,8 +184,14 @@ class Placement:
     """Type of the KV cache's keys (`CACHE_TYPES`)."""
     cache_type_v: str = "f16"
     """Type of the KV cache's values (`CACHE_TYPES`); quantized needs flash attention."""
+    stable_shapes: str = "auto"
+    """Pad each small decode that wants logits to the size the model has been using, so that a
+    GPU backend's graphs replay (engine/shapes.py): on, off, or auto (on where the model's layers
+    are on a CUDA GPU). The output is the same either way."""
 
     def __post_init__(self) -> None:
+        if self.stable_shapes not in ("auto", "on", "off"):
+            raise ConfigError(f"--stable-shapes must be auto, on or off, got {self.stable_shapes!r}")
         for endpoint in self.rpc:
             host, _, port = endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -252,7 +258,6 @@ class ModelConfig:
     logits do not depend on what other sequences hold (concurrent generations without trees)."""
     placement: Placement = Placement()
     """Devices (local, RPC workers), split, flash attention and KV cache types."""
-
     def __post_init__(self) -> None:
         if self.n_seq < 1:
             raise ConfigError(f"n_seq must be >= 1, got {self.n_seq}")

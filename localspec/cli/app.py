@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperGroup
 
-from . import options as o
+from . import crash, options as o
 from .options import Resolved, fail
 from .constraint_options import DraftMask
 from localspec.config import ConfigError, DecodeConfig
@@ -239,8 +239,9 @@ def main() -> None:
     from localspec.decoding.constrain import NothingAllowed
     from localspec.decoding.sampling import BadLogits
 
-    usage, aborts, no_args = _click_exceptions()
     _stand_in_for_closed_streams()
+    crash.install()   # a fault in llama.cpp prints the Python stack and how to report it
+    usage, aborts, no_args = _click_exceptions()
     try:
         code = app(standalone_mode=False)
     except SystemExit as e:  # Typer's own exits

@@ -1,5 +1,5 @@
 """The device options the model commands share (`--rpc`, the split, flash attention, KV cache
-types, `--n-batch`), declared once, and how they become the two models' `Placement`s.
+types, stable shapes, `--n-batch`), declared once, and how they become the two models' `Placement`s.
 `localspec.cli.options` puts them in its MODELS group."""
 
 from __future__ import annotations
@@ -34,12 +34,16 @@ DraftCacheTypeK = Annotated[Optional[str], typer.Option(
     "--draft-cache-type-k", metavar="TYPE", help="The draft's KV cache keys (default f16).")]
 DraftCacheTypeV = Annotated[Optional[str], typer.Option(
     "--draft-cache-type-v", metavar="TYPE", help="The draft's KV cache values (default f16).")]
+StableShapes = Annotated[Optional[str], typer.Option(
+    "--stable-shapes", metavar="auto|on|off", help=(
+        "Pad both models' small decodes to a few fixed sizes so that GPU graphs replay (default auto: on "
+        "where layers are on a CUDA GPU); the output is the same."))]
 NBatch = Annotated[Optional[int], typer.Option(
     "--n-batch", help=f"Most tokens one llama_decode takes, for both models (default {N_BATCH}; prompts are "
                       f"read in pieces of this size).")]
 
 DEVICE_OPTIONS = ("rpc", "tensor_split", "split_mode", "main_gpu", "flash_attn", "cache_type_k",
-                  "cache_type_v", "draft_cache_type_k", "draft_cache_type_v", "n_batch")
+                  "cache_type_v", "draft_cache_type_k", "draft_cache_type_v", "stable_shapes", "n_batch")
 """The options a preset's `gpu` mapping may set too (all but --rpc, which names machines)."""
 
 def placements(given: Mapping[str, Any], preset: Mapping[str, Any]) -> dict:
@@ -48,10 +52,12 @@ def placements(given: Mapping[str, Any], preset: Mapping[str, Any]) -> dict:
     attention, each its own cache types."""
     value = {name: given.get(name) if given.get(name) is not None else preset.get(name) for name in DEVICE_OPTIONS}
     flash = value["flash_attn"] or "auto"
+    shapes = value["stable_shapes"] or "auto"
     target = Placement(
         rpc=parse_list(value["rpc"], "--rpc"), split_mode=value["split_mode"] or "layer",
         tensor_split=parse_list(value["tensor_split"], "--tensor-split", float), main_gpu=value["main_gpu"] or 0,
-        flash_attn=flash, cache_type_k=value["cache_type_k"] or "f16", cache_type_v=value["cache_type_v"] or "f16")
+        flash_attn=flash, cache_type_k=value["cache_type_k"] or "f16", cache_type_v=value["cache_type_v"] or "f16",
+        stable_shapes=shapes)
     draft = Placement(flash_attn=flash, cache_type_k=value["draft_cache_type_k"] or "f16",
-                      cache_type_v=value["draft_cache_type_v"] or "f16")
+                      cache_type_v=value["draft_cache_type_v"] or "f16", stable_shapes=shapes)
     return {"target_placement": target, "draft_placement": draft, "n_batch": value["n_batch"] or N_BATCH}

@@ -22,7 +22,7 @@ from localspec.config import MAX_BRANCHES, MAX_DRAFT, NEEDS_DRAFT, ConfigError, 
 from localspec.loading.defaults import MAX_SHOWN, TARGET_FILE, shown
 from .constraint_options import CONSTRAINTS, grammar_of
 from .device_options import (DEVICE_OPTIONS, CacheTypeK, CacheTypeV, DraftCacheTypeK, DraftCacheTypeV, FlashAttn, MainGpu,
-                             NBatch, Rpc, SplitMode, TensorSplit, placements)
+                             NBatch, Rpc, SplitMode, StableShapes, TensorSplit, placements)
 
 Target = Annotated[Optional[str], typer.Option(
     "--target", help=f"Target GGUF (default: {TARGET_FILE}, the embedded model, made once into the cache).")]
@@ -87,7 +87,8 @@ MODELS = {"preset": Preset, "target": Target, "draft": Draft, "n_ctx": NCtx, "th
           "target_gpu_layers": TargetGpuLayers, "draft_gpu_layers": DraftGpuLayers,
           "rpc": Rpc, "tensor_split": TensorSplit, "split_mode": SplitMode, "main_gpu": MainGpu,
           "flash_attn": FlashAttn, "cache_type_k": CacheTypeK, "cache_type_v": CacheTypeV,
-          "draft_cache_type_k": DraftCacheTypeK, "draft_cache_type_v": DraftCacheTypeV, "n_batch": NBatch}
+          "draft_cache_type_k": DraftCacheTypeK, "draft_cache_type_v": DraftCacheTypeV,
+          "stable_shapes": StableShapes, "n_batch": NBatch}
 """Which models to load and how (files, threads, devices and workers, KV cache): `doctor` takes
 these."""
 

@@ -25,6 +25,7 @@ import llama_cpp as C
 from localspec.config import ModelConfig
 from localspec.machine import default_threads  # noqa: F401 - the rule lives in machine; quantize takes it from here
 from . import chat, interrupt, placement
+from .shapes import TOP as _PAD_TOP, Shapes
 from .batch import Batch, Sequences, logit_start
 from .backend import (_init_backend, _load_progress, _recent_log, backend_devices, gpu_offload_supported,  # noqa: F401
                       library_version, system_info)
@@ -101,6 +102,9 @@ class Model(Sequences):
         self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
         self._mem = C.llama_get_memory(self._ctx)
         self.recurrent = bool(C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model))
+        # Padded decodes need their padding's cells removed: a recurrent memory cannot.
+        self.shapes = Shapes() if placement.stable_shapes(cfg.placement, cfg.n_gpu_layers) and not self.recurrent else None
+        """Stable decode sizes (engine/shapes.py), or None."""
         # numpy arrays under the C batch: filling it is a few slice assignments, no per-token loop.
         # `eval` fills tokens, positions and outputs; its rows belong to sequence 0 (the default).
         self._rows = Batch(self.n_batch, self.n_seq)
@@ -144,6 +148,10 @@ class Model(Sequences):
             raise EngineError(f"cannot return {rows} logit rows in one batch of {self.n_batch}")
         arr = np.asarray(tokens, dtype=np.int32)
         base = len(self.tokens)
+        if rows and self.shapes is not None and n <= _PAD_TOP:
+            size = self.shapes.rows(n, start_out == 0)
+            if n < size and base + size <= self.n_ctx:
+                return self._decode_padded(arr, start_out, base, size)
         # llama.cpp keeps only the last decode's logits, so every row asked for goes into the last
         # decode: it holds the final n_batch tokens, the ones before go in n_batch chunks (the
         # short one first), the fewest decodes there can be.
@@ -165,6 +173,26 @@ class Model(Sequences):
                 self._views.clear()
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
         return view
+
+    def _decode_padded(self, arr: np.ndarray, start_out: int, base: int, size: int) -> np.ndarray:
+        """Decode arr as `size` rows, all with logits (engine/shapes.py): the last token repeated
+        at the following positions, whose cells are removed right after. Returns the rows of
+        arr[start_out:]."""
+        n = len(arr)
+        self._tok[:n] = arr
+        self._tok[n:size] = arr[-1]
+        self._pos[:size] = np.arange(base, base + size, dtype=np.int32)
+        self._out[:size] = 1
+        self._batch.n_tokens = size
+        with interrupt.deferred():
+            self._check_aborts(size)
+            rc = C.llama_decode(self._ctx, self._batch)
+            C.llama_memory_seq_rm(self._mem, 0, base + n, -1)   # the padding: never part of the text
+            if rc != 0:
+                self.truncate(base)
+                raise self._failed(rc)
+        self.tokens.extend(arr.tolist())
+        return self._logit_rows(size)[start_out:n]
 
     def _decode(self, arr: np.ndarray, edges: list[int], start_out: int, base: int) -> None:
         """Decode arr in the blocks between `edges`; logits for rows from start_out on."""

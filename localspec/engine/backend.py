@@ -70,14 +70,24 @@ def system_info() -> str:
 
 @functools.cache
 def ggml() -> ctypes.CDLL | None:
-    """The bundled libggml with the prototypes of ggml's device registry, which llama-cpp-python
-    does not bind (None where the wheel's layout has no such file)."""
+    """ggml's device registry, which llama-cpp-python does not bind, from the very libraries it
+    loaded (None where they do not export it).
+
+    Looked up through libllama's own handle: a symbol lookup on it searches the libraries it was
+    linked with, libggml among them. Opening a libggml by path instead could load a second copy
+    (a wheel's lib/ beside a LLAMA_CPP_LIB_PATH build, say): a second registry whose device
+    pointers, handed to the first, crash the process."""
     _init_backend()
-    libdir = Path(C.__file__).parent / "lib"
-    found = [libdir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll") if (libdir / n).exists()]
-    if not found:
+    loaded = getattr(getattr(C, "llama_cpp", None), "_lib", None)
+    if loaded is None:
         return None
-    lib = ctypes.CDLL(str(found[0]))
+    lib = ctypes.CDLL(loaded._name, handle=loaded._handle)   # no dlopen: the same handle
+    if not hasattr(lib, "ggml_backend_dev_count"):   # Windows looks only in llama.dll itself
+        libdir = Path(loaded._name).parent
+        found = [libdir / n for n in ("ggml.dll", "libggml.dylib", "libggml.so") if (libdir / n).exists()]
+        if not found:
+            return None
+        lib = ctypes.CDLL(str(found[0]))   # the copy beside libllama: the one it loaded
     p, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
     for name, res, args in (
             ("ggml_backend_dev_count", ctypes.c_size_t, []),

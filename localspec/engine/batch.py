@@ -145,7 +145,7 @@ class Sequences:
 
     # -- one decode over rows of several sequences ----------------------------------------------
 
-    def decode_rows(self, tokens: Sequence[int], seqs, logits=None) -> np.ndarray | None:
+    def decode_rows(self, tokens: Sequence[int], seqs, logits=None, pad: bool = False) -> np.ndarray | None:
         """Decode one batch of rows and append each row to its sequences; return the logits of the
         rows asked for, in row order.
 
@@ -153,7 +153,8 @@ class Sequences:
         array of the sequences each row belongs to. logits: per row, whether its logits are wanted
         (None: none). The result is a (rows asked, n_vocab) float32 view into llama.cpp's buffer,
         valid until the next call on this model. At most n_batch rows (EngineError otherwise). On
-        failure every cache and `seqs` are as they were.
+        failure every cache and `seqs` are as they were. pad: with stable shapes (engine/shapes.py)
+        the batch may get rows of sequence 0 after its own, removed from the cache at once.
         """
         arr = np.asarray(tokens, dtype=np.int32).reshape(-1)
         m = len(arr)
@@ -173,11 +174,22 @@ class Sequences:
         b.sid[:m] = np.argsort(~member, axis=1, kind="stable")  # each row's sequence ids first, in order
         b.out[:m] = want
         touched = np.flatnonzero(seen[-1]).tolist()
+        size, end0 = m, int(lens[0] + seen[-1][0])   # sequence 0's end after the batch
+        if pad and self.shapes is not None and m <= self.n_batch:
+            size = self.shapes.rows(m, bool(want.all()))
+            if size > min(self.n_batch, m + self.n_ctx - end0):
+                size = m
+            b.tok[m:size] = arr[-1]
+            b.pos[m:size] = np.arange(end0, end0 + size - m, dtype=np.int32)
+            b.sid[m:size, 0] = 0   # nseq is 1 there already
+            b.out[:size] = 1
         try:
-            b.c.n_tokens = m
+            b.c.n_tokens = size
             with interrupt.deferred():
-                self._check_aborts(m)
+                self._check_aborts(size)
                 rc = C.llama_decode(self._ctx, b.c)
+                if size > m:
+                    C.llama_memory_seq_rm(self._mem, 0, end0, -1)   # the padding: never part of the text
                 if rc != 0:
                     for s in touched:  # drop whatever part of the batch may have landed
                         self.truncate(int(lens[s]), s)
@@ -187,6 +199,9 @@ class Sequences:
             b.sid[:m, 0] = 0
         for s in touched:
             self.seqs[s].extend(arr[member[:, s]].tolist())
+        if size > m:   # every row has logits: the asked ones are among the first m
+            out = self._logit_rows(size)[:m]
+            return out if want.all() else out[want]
         rows = int(want.sum())
         return self._logit_rows(rows) if rows else None
 
@@ -279,7 +294,7 @@ class Sequences:
         for s in branches[1:]:
             self.copy_seq(0, s)
         try:
-            out = self.decode_rows(arr, member, np.ones(len(arr), bool))
+            out = self.decode_rows(arr, member, np.ones(len(arr), bool), pad=True)
         except BaseException:
             for s in branches[1:]:
                 self.drop_seq(s)

@@ -43,6 +43,18 @@ def model_params(mparams, placement: Placement) -> tuple:
     return tuple(kept)
 
 
+def stable_shapes(placement: Placement, gpu_layers: int) -> bool:
+    """Whether a model's decodes keep stable shapes (engine/shapes.py): asked, or by default where
+    its layers go to a local CUDA GPU, the backend whose graphs replay only for repeated shapes."""
+    if placement.stable_shapes != "auto":
+        return placement.stable_shapes == "on"
+    from .backend import backend_devices, ggml
+
+    if gpu_layers == 0 or ggml() is None:
+        return False
+    return any(d["backend"] == "CUDA" and d["type"] == "gpu" for d in backend_devices())
+
+
 def context_params(cparams, placement: Placement) -> None:
     cparams.flash_attn_type = FLASH[placement.flash_attn]
     cparams.type_k = GGML_TYPES[placement.cache_type_k]
