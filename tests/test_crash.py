@@ -39,3 +39,14 @@ def test_a_normal_run_prints_nothing_more_and_leaves_no_process_behind():
     r = subprocess.run([sys.executable, "-m", "localspec", "generate", "--max-tokens", "-3", "hi"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error:")
+
+
+def test_a_command_whose_package_cannot_load_is_one_line_and_the_others_run():
+    code = ("import sys; sys.modules['localspec_tui'] = None; sys.argv = ['localspec'] + sys.argv[1:]; "
+            "from localspec.cli.app import main; main()")
+    r = subprocess.run([sys.executable, "-c", code, "chat"], capture_output=True, text=True, timeout=60)
+    if "No such command" in r.stderr:   # an install without the chat's entry point: nothing to load
+        return
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: `localspec chat` cannot start")
+    r = subprocess.run([sys.executable, "-c", code, "models"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

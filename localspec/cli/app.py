@@ -203,7 +203,19 @@ def _register_commands() -> None:
     # Commands from other packages (the terminal UI registers `chat`) arrive through entry points,
     # so this package never imports them directly.
     for ep in entry_points(group="localspec.commands"):
-        ep.load()(app)
+        try:
+            register = ep.load()
+        except ImportError as e:   # its package is broken or gone: every other command still runs
+            _unavailable(ep.name, e)
+            continue
+        register(app)
+
+
+def _unavailable(name: str, why: ImportError) -> None:
+    """A command whose package cannot be imported: running it is one line saying why."""
+    @app.command(name, hidden=True, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def command() -> None:
+        fail(f"`localspec {name}` cannot start: {why} (reinstall localspec: pip install localspec)")
 
 
 _register_commands()
