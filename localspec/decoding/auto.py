@@ -134,7 +134,7 @@ class AutoDrafter:
 
     def plan(self, context, cap, controller) -> int:
         self._score_unused(context, controller)
-        self.lookup.limit(context, cap)
+        self.lookup.limit(context, cap, controller)
         candidate, classes = self.lookup.candidate()
         self._offered = (len(context), candidate, classes)
         if controller.fixed_k is not None and self._own is None:

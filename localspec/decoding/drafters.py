@@ -259,10 +259,14 @@ class PromptLookup:
     def prepare(self, context: Sequence[int]) -> None:
         self.store.update(context)
 
-    def limit(self, context: Sequence[int], k_max: int) -> int:
-        """Find the candidate continuation (up to k_max tokens) and return its length."""
+    def limit(self, context: Sequence[int], k_max: int, controller=None) -> int:
+        """Find the candidate continuation (up to k_max tokens) and return its length. With an
+        adaptive `controller`, no further than its tokens could still pay (REACH_MIN)."""
         self.store.update(context)
-        self._candidate, self._classes = self.store.candidate(context, k_max)
+        rates = None
+        if controller is not None and controller.fixed_k is None:
+            rates = controller.lookup.table(LOOKUP_OPTIMISM)
+        self._candidate, self._classes = self.store.candidate(context, k_max, rates, REACH_MIN)
         return len(self._candidate)
 
     def lag(self, context: Sequence[int]) -> int:
@@ -273,7 +277,7 @@ class PromptLookup:
         return self._candidate, self._classes
 
     def plan(self, context, cap, controller) -> int:
-        n = self.limit(context, cap)
+        n = self.limit(context, cap, controller)
         if n == 0:
             k = 0                                # nothing to draft
         elif controller.fixed_k is not None:
@@ -305,6 +309,10 @@ class PromptLookup:
 
 LOOKUP_OPTIMISM = 1.0
 """Standard errors added to a seldom-tried lookup class's acceptance when choosing (lookup.py)."""
+REACH_MIN = 0.02
+"""A lookup candidate ends before a token whose chance of being reached and accepted (the product
+of its and the earlier tokens' class rates, with LOOKUP_OPTIMISM) is below this: such a token adds
+under 2 % of a token to a step, less than any verify row costs."""
 
 
 def lookup_expectation(controller, classes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -110,17 +110,27 @@ class NGramStore:
             n += 1
         return n
 
-    def candidate(self, context: Sequence[int], k: int) -> tuple[list[int], list[int]]:
+    def candidate(self, context: Sequence[int], k: int, rates: Sequence[float] | None = None,
+                  reach_min: float = 0.0) -> tuple[list[int], list[int]]:
         """Up to k tokens predicted to follow `context` (which must be the current text, see
-        `update`), and the class of each."""
+        `update`), and the class of each. With `rates` (acceptance per class) the candidate stops
+        before a token whose chance that it and every one before it are accepted is below
+        `reach_min`: worth less than its verify row, it would never be drafted, and on text
+        with short matches everywhere (sampling at a high temperature) building it cost more
+        host time per step than everything else lookup does."""
         tail = list(context[-RUN_MAX:])
         tokens: list[int] = []
         classes: list[int] = []
         follow, run = -1, 0      # the occurrence being copied, and the match behind it
+        reach = 1.0
         for _ in range(k):
             ranked = self.ranked(tail, follow, run, 1)
             if not ranked:
                 break
+            if rates is not None:
+                reach *= rates[ranked[0][3]]
+                if reach < reach_min:
+                    break
             tok, follow, run, cls = ranked[0]
             tokens.append(tok)
             classes.append(cls)
@@ -192,6 +202,14 @@ class LookupRates:
         self._s = prior * PRIOR_WEIGHT
         self._w = np.full(N_CLASSES, PRIOR_WEIGHT)
         self.trials = 0
+        self._tables: dict[float, list[float]] = {}   # every class's rate by optimism, until observe
+
+    def table(self, optimism: float = 0.0) -> list[float]:
+        """`rates` of every class, as a list (computed once between observations)."""
+        got = self._tables.get(optimism)
+        if got is None:
+            got = self._tables[optimism] = self.rates(range(N_CLASSES), optimism).tolist()
+        return got
 
     def rates(self, classes: Sequence[int], optimism: float = 0.0) -> np.ndarray:
         """Acceptance per drafted token; `optimism` adds that many standard errors beyond those of
@@ -206,6 +224,7 @@ class LookupRates:
 
     def observe(self, classes: Sequence[int], n_accepted: int) -> None:
         """Tokens before the first rejection were accepted, that one rejected, later ones untested."""
+        self._tables.clear()
         for i, c in enumerate(classes[: n_accepted + 1]):
             self._s[c] = DECAY * self._s[c] + (i < n_accepted)
             self._w[c] = DECAY * self._w[c] + 1.0

@@ -189,7 +189,7 @@ class Model(Sequences):
             rc = C.llama_decode(self._ctx, self._batch)
             C.llama_memory_seq_rm(self._mem, 0, base + n, -1)   # the padding: never part of the text
             if rc != 0:
-                self.truncate(base)
+                self.truncate(base, landed=True)
                 raise self._failed(rc)
         self.tokens.extend(arr.tolist())
         return self._logit_rows(size)[start_out:n]
@@ -208,7 +208,7 @@ class Model(Sequences):
             self._batch.n_tokens = m
             rc = C.llama_decode(self._ctx, self._batch)
             if rc != 0:
-                self.truncate(base + lo)  # drop whatever part of the block may have landed
+                self.truncate(base + lo, landed=True)  # drop whatever part of the block may have landed
                 raise self._failed(rc)
             self.tokens.extend(arr[lo:hi].tolist())
 
@@ -232,9 +232,13 @@ class Model(Sequences):
             C.llama_set_abort_callback(self._ctx, *((self._abort, None) if long else _ABORT_CHECK))
             self._long = long
 
-    def truncate(self, n: int, seq: int = 0) -> None:
-        """Keep the first n tokens of sequence `seq`'s cache, remove the rest."""
+    def truncate(self, n: int, seq: int = 0, landed: bool = False) -> None:
+        """Keep the first n tokens of sequence `seq`'s cache, remove the rest. `landed`: after a
+        failed decode, cells past what the bookkeeping holds may exist; else a cache holding no
+        more than n tokens is left as it is (a plain step's truncate: no call into llama.cpp)."""
         seq = self._seq_id(seq)  # llama.cpp asserts (ends the process) on an id it does not have
+        if not landed and n >= len(self.seqs[seq]):
+            return
         if not C.llama_memory_seq_rm(self._mem, seq, n, -1):
             kind = "recurrent/hybrid " if self.recurrent else ""
             raise EngineError(

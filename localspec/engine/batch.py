@@ -192,7 +192,7 @@ class Sequences:
                     C.llama_memory_seq_rm(self._mem, 0, end0, -1)   # the padding: never part of the text
                 if rc != 0:
                     for s in touched:  # drop whatever part of the batch may have landed
-                        self.truncate(int(lens[s]), s)
+                        self.truncate(int(lens[s]), s, landed=True)
                     raise self._failed(rc)
         finally:
             b.nseq[:m] = 1  # `eval` fills only tokens, positions and outputs: its rows are sequence 0's

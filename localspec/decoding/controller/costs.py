@@ -22,6 +22,8 @@ VERIFY_PRIOR_SLOPE = 0.1   # t_verify(b) ~ 1 + 0.1 (b - 1) until two batch sizes
                            # larger makes long drafts look dearer before they are timed
 VERIFY_FLOOR = 0.5         # no batch is predicted to verify in less than this share of the cheapest
                            # timing: lower lets a steep fitted line reach nearer zero
+CURVE_SLACK = 0.02         # a cost that moved less than this share since the fit keeps the fit (once
+                           # timed FIT_COUNT_CAP times): larger refits less often, follows drift later
 WARM_TRUST = 64            # steps a warm start's verify costs are believed without being re-timed:
                            # longer leans on the record, shorter drops a busy-machine record sooner
 
@@ -77,6 +79,7 @@ class VerifyCost:
         self._level_from: int | None = None        # the size whose first timing set their level
         self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # cost(1..k_max+1), refitted lazily
+        self._fit_values: dict[int, float] = {}    # by_size as the curve was fitted
         self.steps = 0                             # target passes reported, timed or not
 
     def timed_here(self, b: int) -> bool:
@@ -110,7 +113,11 @@ class VerifyCost:
             self.by_size[b] = ewma(self.by_size.get(b), seconds, weight)
         self._timed[b] = (self.steps, n + 1)
         self.recorded.discard(b)
-        self._curve = None
+        # A size timed often, whose cost moved little since the fit, leaves the fit as it is:
+        # refitting after every plain step cost ~0.1 ms, 2-3 % of a GPU-class pass.
+        fit = self._fit_values.get(b) if self._curve is not None and ratio is None else None
+        if fit is None or n + 1 <= FIT_COUNT_CAP or abs(self.by_size[b] - fit) > CURVE_SLACK * fit:
+            self._curve = None
         return ratio
 
     def _forget_unconfirmed(self) -> None:
@@ -138,6 +145,7 @@ class VerifyCost:
     def fitted(self) -> np.ndarray:
         if self._curve is None:
             self._curve = self._fit_curve(self.k_max + 1)
+            self._fit_values = dict(self.by_size)
         return self._curve
 
     def _fit_curve(self, top: int) -> np.ndarray:
