@@ -220,6 +220,7 @@ REAL_DEFAULTS: dict[str, Callable[[str, At], None]] = {
     "--split-mode": _value(lambda: resolved().load.target_placement.split_mode),
     "--main-gpu": _value(lambda: resolved().load.target_placement.main_gpu),
     "--flash-attn": _value(lambda: resolved().load.target_placement.flash_attn),
+    "--stable-shapes": _value(lambda: resolved().load.target_placement.stable_shapes),
     "--cache-type-k": _value(lambda: resolved().load.target_placement.cache_type_k),
     "--cache-type-v": _value(lambda: resolved().load.target_placement.cache_type_v),
     "--draft-cache-type-k": _value(lambda: resolved().load.draft_placement.cache_type_k),

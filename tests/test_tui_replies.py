@@ -80,9 +80,12 @@ def test_max_tokens_still_caps_a_reply_and_says_how_to_go_on():
     run(scenario())
 
 
-def test_the_chat_command_has_no_cap_by_default():
+def test_the_chat_command_has_no_cap_by_default(monkeypatch):
     from localspec.cli.app import app as cli_app
 
+    # Rich sizes help from a terminal on stdin/stdout/stderr, else COLUMNS, else 80 columns, where
+    # the box border falls inside "default: no cap"; terminal_width is Click's only.
+    monkeypatch.setenv("COLUMNS", "200")
     result = CliRunner().invoke(cli_app, ["chat", "--help"], terminal_width=200)
     assert result.exit_code == 0
     text = " ".join(result.output.split())

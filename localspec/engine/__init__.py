@@ -179,6 +179,7 @@ class Model(Sequences):
         at the following positions, whose cells are removed right after. Returns the rows of
         arr[start_out:]."""
         n = len(arr)
+        self.shapes.padded += size - n
         self._tok[:n] = arr
         self._tok[n:size] = arr[-1]
         self._pos[:size] = np.arange(base, base + size, dtype=np.int32)

@@ -179,6 +179,7 @@ class Sequences:
             size = self.shapes.rows(m, bool(want.all()))
             if size > min(self.n_batch, m + self.n_ctx - end0):
                 size = m
+            self.shapes.padded += size - m
             b.tok[m:size] = arr[-1]
             b.pos[m:size] = np.arange(end0, end0 + size - m, dtype=np.int32)
             b.sid[m:size, 0] = 0   # nseq is 1 there already

@@ -38,7 +38,7 @@ class Shapes:
     def __init__(self) -> None:
         self.size = 1
         self._small = 0   # requests in a row that would have fitted half the size
-        self.padded = 0   # rows added so far (for the records)
+        self.padded = 0   # rows the model added so far (for the records)
 
     def rows(self, n: int, all_logits: bool) -> int:
         """The rows to decode for a request of n rows (n itself when it is not padded)."""
@@ -54,5 +54,4 @@ class Shapes:
                 self.size, self._small = bucket(n), 0
         else:
             self._small = 0
-        self.padded += self.size - n
         return self.size

@@ -21,7 +21,7 @@ from .defaults import EMBEDDED, MAX_PRESET_BYTES, read_capped, shown
 _TOP_FIELDS = {"description", "target", "draft", "drafter", "sampling", "k", "n_ctx", "note", "verified", "gpu"}
 _OPTIONAL = {"draft", "note", "gpu"}
 GPU_FIELDS = ("flash_attn", "cache_type_k", "cache_type_v", "draft_cache_type_k", "draft_cache_type_v",
-              "n_batch", "split_mode", "tensor_split", "main_gpu")
+              "n_batch", "split_mode", "tensor_split", "main_gpu", "stable_shapes")
 """What a preset's optional `gpu` mapping may set: the device options of the same names (a flag
 overrides each); RPC workers name machines, so only the command line gives them."""
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
@@ -212,8 +212,9 @@ def _parse(path: Path, data: Any) -> Preset:
         raise fail("gpu", f"must be a mapping, got {_kind(gpu)}")
     _check_keys(gpu, set(GPU_FIELDS), set(), "gpu.", fail)
     gpu = {key: ",".join(map(str, v)) if isinstance(v, list) else v for key, v in gpu.items()}
-    if isinstance(gpu.get("flash_attn"), bool):   # YAML reads a bare on/off as true/false
-        gpu["flash_attn"] = "on" if gpu["flash_attn"] else "off"
+    for key in ("flash_attn", "stable_shapes"):
+        if isinstance(gpu.get(key), bool):   # YAML reads a bare on/off as true/false
+            gpu[key] = "on" if gpu[key] else "off"
     if "n_batch" in gpu:
         from localspec.config import MIN_BATCH
 
@@ -222,7 +223,7 @@ def _parse(path: Path, data: Any) -> Preset:
         from localspec.config import Placement, parse_list
 
         Placement(split_mode=gpu.get("split_mode", "layer"), main_gpu=gpu.get("main_gpu", 0),
-                  flash_attn=gpu.get("flash_attn", "auto"),
+                  flash_attn=gpu.get("flash_attn", "auto"), stable_shapes=gpu.get("stable_shapes", "auto"),
                   tensor_split=parse_list(gpu.get("tensor_split"), "tensor_split", float),
                   cache_type_k=gpu.get("cache_type_k", "f16"), cache_type_v=gpu.get("cache_type_v", "f16"))
         Placement(cache_type_k=gpu.get("draft_cache_type_k", "f16"), cache_type_v=gpu.get("draft_cache_type_v", "f16"))
