@@ -124,6 +124,7 @@ def test_allowed_accept_and_fork(pair):
     ('item ::= "a"', "no rule named 'root'"),
     ('root ::= "a', "bad grammar"),
     ("   ", "empty"),
+    ('root ::= "a"{0,5000}', "at most 2000 times"),   # llama.cpp: silently unbounded
 ])
 def test_bad_grammars_are_one_line(pair, text, words, capfd):
     with pytest.raises(GrammarError, match=words) as e:
@@ -376,3 +377,36 @@ def test_fifty_response_format_replies_validate(fast_server):
         model="x", messages=[{"role": "user", "content": "Reply with a JSON object: the key ok, set to true."}],
         temperature=0.0, max_tokens=100, response_format={"type": "json_object"})
     assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("text, words", [
+    ('root ::= "a"{3,1}', r"repetition \{3,1\} asks for at least 3 and at most 1"),
+    ('root ::= ("a" | [{]){ 2 , 0 } "b"', "at least 2 and at most 0"),
+    ('root ::= "a"{2001}', "at most 2000 times"),
+])
+def test_repetitions_llama_cpp_cannot_build_are_refused_before_it_sees_them(text, words):
+    """Checked without llama.cpp: given these, it would grow memory until the OOM killer (the next
+    test runs one through generate, with its memory capped)."""
+    from localspec.engine.grammar import check_repetitions
+
+    with pytest.raises(GrammarError, match=words):
+        check_repetitions(text)
+    for fine in ('root ::= "{3,1}" [{}] # {3,1}', 'root ::= "a"{3,} "b"{2}', ANY_JSON_OBJECT):
+        check_repetitions(fine)
+
+
+def test_a_reversed_repetition_is_one_line_from_generate_not_the_oom_killer(tmp_path, model_paths):
+    """Before the check llama.cpp expanded `{3,1}` without end (~300 MB/s, deaf to Ctrl-C); the
+    address space is capped here so that a regression fails the test instead of the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text('root ::= "a"{3,1}\n')
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # noqa: E731
+    r = subprocess.run([sys.executable, "-m", "localspec", "generate", "--target", str(model_paths[0]),
+                        "--drafter", "none", "--grammar", str(bad), "--max-tokens", "4", "hi"],
+                       capture_output=True, text=True, timeout=120, preexec_fn=cap)
+    assert r.returncode == 2, r.stderr[-500:]
+    assert r.stderr.count("\n") == 1 and "at least 3 and at most 1" in r.stderr

@@ -24,6 +24,7 @@ import numpy as np
 import llama_cpp as C
 from llama_cpp import llama_grammar
 
+from . import interrupt
 from .files import EngineError
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
@@ -125,6 +126,43 @@ def _reason(said: str, root: str) -> str:
     return "it could not be parsed"
 
 
+MAX_REPEAT = 2000
+"""llama.cpp's MAX_REPETITION_THRESHOLD (src/llama-grammar.cpp): a larger minimum is refused, and a
+larger maximum silently becomes no maximum at all."""
+
+
+def check_repetitions(text: str) -> None:
+    """Refuse the `{m,n}` repetitions llama.cpp's parser mishandles, before it sees them: with m > n
+    it expands n - m (unsigned, so ~1.8e19) rules, growing memory at ~300 MB/s until the OOM killer
+    ends the process, deaf to Ctrl-C; a maximum over MAX_REPEAT becomes unbounded without a word.
+    Braces inside string literals, character classes and comments are text, not repetitions."""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif c in "\"[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and text[i] != close:
+                i += 2 if text[i] == "\\" else 1
+        elif c == "{":
+            j = text.find("}", i)
+            body = text[i + 1:j if j >= 0 else n]
+            parts = [p.strip() for p in body.split(",")]
+            if len(parts) <= 2 and all(p.isascii() and p.isdigit() for p in parts if p) and parts[0]:
+                low = int(parts[0])
+                high = low if len(parts) == 1 else (int(parts[1]) if parts[1] else None)
+                shown = "{" + body.strip() + "}"
+                if high is not None and low > high:
+                    raise GrammarError(f"bad grammar: repetition {shown} asks for at least {low} and at most {high}")
+                if low > MAX_REPEAT or (high is not None and high > MAX_REPEAT):
+                    raise GrammarError(f"bad grammar: repetition {shown}: llama.cpp repeats an item at most "
+                                       f"{MAX_REPEAT} times (a larger maximum would not be enforced)")
+        i += 1
+
+
 class Grammar:
     """One grammar state over a model's vocabulary (see the module docstring)."""
 
@@ -140,7 +178,9 @@ class Grammar:
             raise GrammarError("the grammar is empty")
         if "\x00" in text:
             raise GrammarError("the grammar contains a NUL character")
-        smpl, said = _parse(vocab, text, root)
+        check_repetitions(text)
+        with interrupt.deferred():   # a build that takes long stops at a second Ctrl-C
+            smpl, said = _parse(vocab, text, root)
         if not smpl:
             raise GrammarError(f"bad grammar: {_reason(said, root)}")
         return cls(smpl, vocab, n_vocab)
