@@ -224,11 +224,18 @@ class Placement:
 
 
 def parse_list(text: str | None, what: str, kind=str) -> tuple:
-    """A comma-separated option value (`--rpc a:1,b:2`, `--tensor-split 3,1`) as a tuple."""
-    if text is None or not str(text).strip():
+    """A comma-separated option value (`--rpc a:1,b:2`, `--tensor-split 3,1`) as a tuple; None
+    (not given) is (). Given, it may not be empty nor hold an empty entry: `--rpc ""` ran locally
+    without a word."""
+    if text is None:
         return ()
+    entries = [x.strip() for x in str(text).replace("/", ",").split(",")]
+    if not any(entries):
+        raise ConfigError(f"{what} is empty: give a comma-separated list, or leave the option out")
+    if not all(entries):
+        raise ConfigError(f"{what} has an empty entry: {str(text)[:200]!r}")
     try:
-        return tuple(kind(x.strip()) for x in str(text).replace("/", ",").split(",") if x.strip())
+        return tuple(kind(x) for x in entries)
     except ValueError:
         raise ConfigError(f"{what} takes a comma-separated list, got {text!r}") from None
 

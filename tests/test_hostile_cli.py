@@ -277,3 +277,28 @@ def test_a_character_cut_by_max_tokens_is_left_out(model_paths):
     streamed = run(*args)
     assert streamed.returncode == 0, streamed.stderr.decode()
     assert streamed.stdout.decode("utf-8") == whole + "\n"
+
+
+# -- issue 33: silent no-ops -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (("--rpc", ""), "--rpc is empty"),
+    (("--rpc", ","), "--rpc is empty"),
+    (("--rpc", "127.0.0.1:1,,127.0.0.1:2"), "--rpc has an empty entry"),
+    (("--tensor-split", "3,,1"), "--tensor-split has an empty entry"),
+    (("--json-schema", "[1, 2]"), "must be an object, got list"),
+    (("--json-schema", "42"), "must be an object, got int"),
+])
+def test_options_that_would_do_nothing_are_refused(args, words):
+    r = run("generate", *args, "--max-tokens", "2", "hi")
+    one_error_line(r)
+    assert words in r.stderr.decode()
+
+
+def test_an_empty_grammar_or_schema_file_is_refused_not_ignored(tmp_path):
+    empty = tmp_path / "empty.gbnf"
+    empty.write_text("")
+    for option, words in (("--grammar", "grammar file"), ("--json-schema", "JSON schema file")):
+        r = run("generate", option, str(empty), "--max-tokens", "2", "hi")
+        one_error_line(r)
+        assert words in r.stderr.decode() and "is empty" in r.stderr.decode()

@@ -85,6 +85,19 @@ def texts(*args: str) -> str:
     return json.loads(done.stdout)["text"]
 
 
+def test_a_worker_stopped_by_ctrl_c_exits_130():
+    import signal
+
+    w = Worker()
+    try:
+        w.proc.send_signal(signal.SIGINT)
+        assert w.proc.wait(20) == 130
+        assert "stopped" in w.proc.stderr.read()
+    finally:
+        if w.proc.poll() is None:
+            w.stop()
+
+
 def test_rpc_is_in_this_build():
     # the README's install builds llama.cpp with RPC; CI must run these tests, not skip them
     assert rpc.supported(), rpc.REBUILD

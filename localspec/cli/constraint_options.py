@@ -8,6 +8,7 @@ model is loaded, and a bad one is one error line then.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -48,6 +49,20 @@ def _read(path: str, what: str) -> str:
         raise ConfigError(f"cannot read {what} file {path}: {e.strerror or e}") from None
 
 
+def _inline(value: str) -> bool:
+    """Whether --json-schema's value is the schema itself: an object, or any JSON where no file of
+    that name exists (so `[1, 2]` is refused as not an object, not as a missing file)."""
+    if value.lstrip().startswith("{"):
+        return True
+    if Path(value).expanduser().exists():
+        return False
+    try:
+        json.loads(value)
+    except ValueError:
+        return False
+    return True
+
+
 def grammar_of(grammar: str | None, json_schema: str | None, fmt: str | None) -> tuple[str, str]:
     """(GBNF text, its name for the records) from the options; ("", "") when none is given."""
     from localspec.engine.grammar import ANY_JSON_OBJECT, GrammarError, schema_grammar
@@ -59,9 +74,14 @@ def grammar_of(grammar: str | None, json_schema: str | None, fmt: str | None) ->
     if len(given) > 1:
         raise ConfigError(f"{' and '.join(given)} both constrain the output: give one")
     if grammar is not None:
-        return _read(grammar, "grammar"), Path(grammar).name
+        text = _read(grammar, "grammar")
+        if not text.strip():   # not "no grammar": the user asked for one
+            raise ConfigError(f"grammar file {grammar} is empty")
+        return text, Path(grammar).name
     if json_schema is not None:
-        text = json_schema if json_schema.lstrip().startswith("{") else _read(json_schema, "JSON schema")
+        text = json_schema if _inline(json_schema) else _read(json_schema, "JSON schema")
+        if not text.strip():
+            raise ConfigError(f"JSON schema file {json_schema} is empty")
         name = "schema" if text is json_schema else f"schema {Path(json_schema).name}"
         try:
             return schema_grammar(text), name

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
                 thread.join(0.5)
         except KeyboardInterrupt:
             typer.echo("localspec worker: stopped", err=True)
-            os._exit(0)   # llama.cpp's accept loop never returns; its thread cannot be joined
+            os._exit(130)   # as any Ctrl-C; llama.cpp's accept loop never returns, its thread cannot be joined
         o.fail(f"the worker on {host}:{port} stopped (see llama.cpp's message above)")
 
 
