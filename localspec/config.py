@@ -59,6 +59,12 @@ def tree_leaves(shape: tuple[int, ...]) -> int:
     return n
 
 
+LOGIT_LIMIT = 1e30
+"""The largest penalty or bias magnitude (and 1 / the smallest repeat penalty): llama.cpp's rows are
+float32 (max 3.4e38), and a penalty times a token's count in the window must stay finite there;
+past it a numpy overflow turned rows to NaN and the run blamed corrupt weights."""
+
+
 class ConfigError(ValueError):
     """A user-facing configuration problem; the CLI prints it as one line and exits 2."""
 
@@ -108,17 +114,19 @@ class SamplingConfig:
             raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p < 1:
             raise ConfigError(f"min-p must be in [0, 1), got {self.min_p}")
-        if not 0 < self.repeat_penalty < float("inf"):
-            raise ConfigError(f"repeat-penalty must be a finite number > 0 (1 = off), got {self.repeat_penalty}")
+        if not 1 / LOGIT_LIMIT <= self.repeat_penalty <= LOGIT_LIMIT:
+            raise ConfigError(f"repeat-penalty must be a number in [{1 / LOGIT_LIMIT:g}, {LOGIT_LIMIT:g}] (1 = off; "
+                              f"logits are float32), got {self.repeat_penalty}")
         if self.repeat_last_n < -1:
             raise ConfigError(f"repeat-last-n must be >= -1 (-1 = all, 0 = none), got {self.repeat_last_n}")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not abs(getattr(self, name)) < float("inf"):
-                raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
+            if not abs(getattr(self, name)) <= LOGIT_LIMIT:
+                raise ConfigError(f"{name.replace('_', '-')} must be a number between {-LOGIT_LIMIT:g} and "
+                                  f"{LOGIT_LIMIT:g} (logits are float32), got {getattr(self, name)}")
         for token, bias in self.logit_bias:
-            if token < 0 or bias != bias or bias == float("inf"):
-                raise ConfigError(f"logit-bias takes TOKEN=BIAS with a token id >= 0 and a bias below +inf, "
-                                  f"got {token}={bias}")
+            if token < 0 or not (abs(bias) <= LOGIT_LIMIT or bias == float("-inf")):
+                raise ConfigError(f"logit-bias takes TOKEN=BIAS with a token id >= 0 and a bias between "
+                                  f"{-LOGIT_LIMIT:g} and {LOGIT_LIMIT:g}, or -inf to ban it, got {token}={bias}")
 
     @property
     def greedy(self) -> bool:

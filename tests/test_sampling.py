@@ -279,6 +279,13 @@ def test_sample_never_draws_trailing_zero_even_at_u_near_one():
         {"min_p": -0.01},
         {"min_p": 1.0},
         {"min_p": float("nan")},
+        # finite in float64, not in the float32 rows they are applied to (issue 33): a numpy
+        # overflow made the rows NaN and the run blamed "corrupt weights"
+        {"frequency_penalty": -1e300},
+        {"presence_penalty": 1e308},
+        {"logit_bias": ((1, 1e39),)},
+        {"repeat_penalty": 1e-300},
+        {"repeat_penalty": 1e300},
     ],
 )
 def test_sampling_config_rejects(kwargs):

@@ -148,6 +148,7 @@ def test_completions_streamed_or_not_equal_plain_greedy(served):
     ({"logit_bias": {"one": 5}}, "logit_bias", "token ids to numbers in [-100, 100]"),
     ({"logit_bias": {"1": 500}}, "logit_bias", "token ids to numbers in [-100, 100]"),
     ({"logit_bias": [1, 5]}, "logit_bias", "must be an object"),
+    ({"logit_bias": {"999999": -100}}, "logit_bias", "outside the vocabulary"),   # a mistyped ban did nothing
     ({"response_format": {"type": "xml"}}, "response_format", "text, json_object or json_schema"),
     ({"response_format": {"type": "json_schema"}}, "response_format", "needs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "bogus"}}}},
@@ -157,6 +158,7 @@ def test_completions_streamed_or_not_equal_plain_greedy(served):
     ({"presence_penalty": 2.5}, "presence_penalty", "between -2 and 2"),
     ({"frequency_penalty": "x"}, "frequency_penalty", "must be a number"),
     ({"repeat_penalty": 0}, "repeat_penalty", "a number > 0"),
+    ({"repeat_penalty": 1e-300}, "repeat_penalty", "logits are float32"),
     ({"temperature": "hot"}, "temperature", "must be a number"),
     ({"top_k": -1}, "top_k", "top-k must be >= 0"),
     ({"top_p": 1.5}, "top_p", "top-p must be in (0, 1]"),

@@ -17,7 +17,7 @@ from .constrain import NothingAllowed, RowStates
 from localspec.config import DecodeConfig, SamplingConfig
 from .controller import KController
 from .drafters import Drafter
-from .processing import window
+from .processing import check_bias_ids, window
 from .sampling import Argmax, BadLogits, Rows
 from .tree import DraftTree, accept_tree_greedy, accept_tree_sampled, tested_ranks
 from .tree_drafts import as_chain, choose_shape, learn_tree, propose_tree, width_of
@@ -142,6 +142,7 @@ def generate_steps(
     """
     if not prompt:
         raise ValueError("empty prompt")
+    check_bias_ids(sampling, target.n_vocab)
     if rng is None:
         rng = np.random.default_rng(sampling.seed)
     # Drafting draws from a stream of its own: what a drafter consumes (a draft model samples its

@@ -19,7 +19,15 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.config import SamplingConfig
+from localspec.config import ConfigError, SamplingConfig
+
+
+def check_bias_ids(cfg: SamplingConfig, n_vocab: int) -> None:
+    """A logit bias on an id the target does not have would change nothing (a mistyped ban would
+    let the token through): refused in one line, whatever the command."""
+    outside = [t for t, _ in cfg.logit_bias if t >= n_vocab]
+    if outside:
+        raise ConfigError(f"logit-bias token id {outside[0]} is outside the vocabulary ({n_vocab} ids)")
 
 
 def window(history: Sequence[int], drafted: Sequence[int], cfg: SamplingConfig) -> list[int]:

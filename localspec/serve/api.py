@@ -135,7 +135,10 @@ def _sampling(body: dict, defaults: Defaults) -> SamplingConfig:
         if not (low <= value <= high if name != "repeat_penalty" else low < value < high):
             raise ApiError(f"{name} must be {'between -2 and 2' if high == 2.0 else 'a number > 0'}, got {value}",
                            param=name, code="invalid_value")
-        cfg = replace(cfg, **{name: float(value)})
+        try:   # the float32 rows' own bounds (config.LOGIT_LIMIT)
+            cfg = replace(cfg, **{name: float(value)})
+        except ConfigError as e:
+            raise ApiError(str(e).replace("-", "_", 1), param=name, code="invalid_value") from None
     bias = body.get("logit_bias")
     if bias is not None:
         cfg = replace(cfg, logit_bias=_logit_bias(bias))
