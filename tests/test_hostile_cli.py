@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_hostile import CLI, REPO, one_error_line
+from tests.test_hostile import CLI, REPO, one_error_line, run_in_terminal
 
 MEMORY_LIMIT = 1 << 30
 
@@ -303,3 +303,17 @@ def test_an_empty_grammar_or_schema_file_is_refused_not_ignored(tmp_path):
         r = run("generate", option, str(empty), "--max-tokens", "2", "hi")
         one_error_line(r)
         assert words in r.stderr.decode() and "is empty" in r.stderr.decode()
+
+
+def test_bench_constraints_with_concurrency_is_refused_not_half_run():
+    r = run("bench", "--constraints", "--concurrency", "2", "--max-tokens", "2")
+    one_error_line(r)
+    assert "--constraints runs on its own" in r.stderr.decode()
+
+
+def test_chat_with_a_bad_grammar_fails_in_the_shell_before_the_screen(tmp_path):
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text("root ::= foo\n")
+    r = run_in_terminal("chat", "--grammar", str(bad), "--no-save", env={"LOCALSPEC_NO_WARM_START": "1"})
+    line = one_error_line(r)
+    assert "Undefined rule identifier 'foo'" in line

@@ -55,6 +55,10 @@ def chat(
                               "use `localspec generate` in scripts and pipes")
         # Missing or broken model files are reported here, in the shell, as `generate` does.
         opts = replace(opts, load=resolve_files(opts.load, lambda m: typer.echo(m, err=True)))
+        if opts.sampling.grammar:   # a bad one is refused here, not by every message on the screen
+            from localspec.engine.grammar import check_grammar
+
+            check_grammar(opts.load.target, opts.sampling.grammar)
     except (ConfigError, EngineError) as e:
         if store is not None:
             store.close()

@@ -87,6 +87,9 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"--compare must be one of: {', '.join(bench.COMPARE)}; got {o.shown(compare)}")
             suite = bench.select_categories(bench.load_prompts(prompts), category)
             opts = o.resolve(options, tree=tree)  # -k is a sweep here, parsed above
+            if constraints and (concurrency is not None or compare is not None):
+                # each is a mode of its own: one would have been dropped without a word
+                raise ConfigError("--constraints runs on its own: leave out --concurrency and --compare")
             if ks is None:
                 ks = [opts.k] if opts.k else [None]  # a preset's k, else adaptive
             if opts.load.drafter == "none":
@@ -113,8 +116,6 @@ def register(app: typer.Typer) -> None:
             if constraints:
                 from localspec.bench import constrained
 
-                if concurrency is not None or compare is not None:
-                    raise ConfigError("--constraints runs on its own: leave out --concurrency and --compare")
                 session = Session.load(opts.load)
                 chat_on = session.chat_or_raw(chat, lambda m: typer.echo(m, err=True))
                 encoded = [session.prompt_tokens(p.prompt, chat_on, p.system) for p in suite]

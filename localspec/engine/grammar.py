@@ -227,3 +227,22 @@ class Grammar:
             self.close()
         except Exception:
             pass
+
+
+def check_grammar(model_path, text: str, root: str = "root") -> None:
+    """Parse `text` over the vocabulary of the GGUF at `model_path`, reading its vocabulary only (no
+    weights: a fraction of a second), so that a command can refuse a bad grammar before it loads
+    models or opens a screen; GrammarError in one line as `Grammar.compile` gives it."""
+    from .backend import _init_backend
+
+    _init_backend()
+    params = C.llama_model_default_params()
+    params.vocab_only = True
+    model = C.llama_model_load_from_file(os.fsencode(str(model_path)), params)
+    if not model:
+        raise EngineError(f"failed to read the vocabulary of {model_path}")
+    try:
+        vocab = C.llama_model_get_vocab(model)
+        Grammar.compile(vocab, C.llama_vocab_n_tokens(vocab), text, root).close()
+    finally:
+        C.llama_model_free(model)
