@@ -410,3 +410,30 @@ def test_a_reversed_repetition_is_one_line_from_generate_not_the_oom_killer(tmp_
                        capture_output=True, text=True, timeout=120, preexec_fn=cap)
     assert r.returncode == 2, r.stderr[-500:]
     assert r.stderr.count("\n") == 1 and "at least 3 and at most 1" in r.stderr
+
+
+def test_a_mixed_draft_whose_lookup_part_ends_the_text_under_a_grammar(pair, monkeypatch):
+    """auto's mixed draft took each lookup token into the grammar state; a lookup part running past
+    the closing brace into the end token (a history holding `}<|im_end|>` offers exactly that) made
+    `Grammar.accept` refuse the end token, and GrammarError escaped generate_steps (a 500 from
+    serve). The model part cannot follow an end: the draft is the lookup part."""
+    from localspec.decoding.auto import AutoDrafter, Plan
+    from localspec.decoding.drafters import Draft, ModelDrafter
+
+    m = pair.target
+    prompt = m.tokenize("Give me a JSON object.", add_special=False)
+    opened = m.tokenize('{"a": 1', add_special=False)
+    close = m.tokenize("}", add_special=False)
+    assert len(close) == 1
+    g = m.grammar(ANY_JSON_OBJECT)
+    for t in opened:
+        g.accept(t)
+    assert g.allowed([close[0]])[0]
+    auto = AutoDrafter(ModelDrafter(pair.draft))
+    context = [*prompt, *opened]
+    auto.prepare(context)
+    auto._plan = Plan("mixed", 4, 2)
+    monkeypatch.setattr(auto.lookup, "propose", lambda *a, **k: Draft([close[0], m.eot if m.eot >= 0 else m.eos],
+                                                                      source="lookup", n_lookup=2, classes=(0, 0)))
+    draft = auto.propose(context, 4, SamplingConfig(temperature=1.0), np.random.default_rng(0), grammar=g.fork())
+    assert draft.tokens[:2] == [close[0], m.eot if m.eot >= 0 else m.eos]

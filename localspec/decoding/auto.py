@@ -153,6 +153,8 @@ class AutoDrafter:
             for t in prefix.tokens:
                 if not grammar.allowed([t])[0]:
                     return prefix   # verified no further than the forbidden token anyway
+                if self.model.model.is_eog(t):
+                    return prefix   # the text ends there (the grammar allowed it): nothing follows
                 grammar.accept(t)
         rest = self.model.propose([*context, *prefix.tokens], k - plan.m, sampling, rng, grammar=grammar)
         q = None if rest.q is None else [None] * plan.m + list(rest.q)
