@@ -592,6 +592,21 @@ def test_residual_is_max_of_p_minus_q_in_every_form_pair(pf, qf):
     np.testing.assert_allclose(w.dense(5), [0.4 / 0.7, 0, 0, 0.2 / 0.7, 0.1 / 0.7], rtol=1e-6)
 
 
+def test_a_dense_row_without_its_dominant_token_keeps_the_rest_of_its_block():
+    """The residual p without x (a one-hot proposal rejected) is drawn by block sums: they must hold
+    the mass that is left, also where x dominated its block and the block's float32 sum had lost
+    the small ones (subtracting x's weight left 1.0 of a true 1.023)."""
+    from localspec.decoding.dists import BLOCK, Dense
+
+    w = np.full(4 * BLOCK, 1e-3, np.float32)
+    w[5] = 1e6
+    r = Dense(w.copy()).without(5)
+    true = w.astype(np.float64)
+    true[5] = 0.0
+    np.testing.assert_allclose(r.blocks, true.reshape(-1, BLOCK).sum(axis=1), rtol=1e-6)
+    assert r.total == pytest.approx(true.sum(), rel=1e-6)
+
+
 # --------------------------------------------------------------------------------------------
 # accept_greedy
 
