@@ -60,6 +60,7 @@ CONFIGS = {
     "default": SamplingConfig(),
     "top-k": SamplingConfig(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0),
     "top-k+min-p": SamplingConfig(temperature=1.0, top_k=40, top_p=1.0, min_p=0.2),
+    "top-k+top-p": SamplingConfig(temperature=1.0, top_k=3, top_p=0.9, min_p=0.0),   # ties past the k-th
     "min-p": SamplingConfig(temperature=0.7, top_k=0, top_p=1.0, min_p=0.1),
     "top-p": SamplingConfig(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0),
     "none": SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
@@ -76,14 +77,34 @@ def test_constrain_gives_the_fully_masked_rows_distribution(name, share):
         row = (rng.standard_normal(n) * 3).astype(np.float32)
         if trial % 3 == 0:
             row = np.round(row).astype(np.float32)   # many ties
+        flat = trial % 5 == 4
+        if flat:   # a handful of values: ties at every cut, the k-th's too
+            row = np.round(rng.standard_normal(n) * 0.5).astype(np.float32)
         ok = rng.random(n) < share
         ok[rng.integers(n)] = True
         g = FakeGrammar(ok)
         got = distribution(C.constrain(row, cfg, g), cfg).dense(n)
         want = distribution(np.where(ok, row, -np.inf).astype(np.float32), cfg).dense(n)
         np.testing.assert_allclose(got, want, atol=1e-9, err_msg=f"{name} trial {trial}")
-        if name != "top-p" and not C.full_mask(cfg) and share >= 0.5:   # (a flat row's nucleus is wide)
+        if name != "top-p" and not C.full_mask(cfg) and share >= 0.5 and not flat:   # (a flat row's nucleus is wide)
             assert g.asked < n / 4, f"{name}: asked about {g.asked} of {n} ids"
+
+
+def test_top_k_ties_past_the_kth_under_top_p_keep_what_the_full_mask_keeps():
+    """With fewer than k allowed tokens found, top-k keeps every unasked token tied with its k-th:
+    top-p's unasked mass may not be capped at k - found tokens (it kept 1 token of a true 2, 4 of
+    435). Rows of few values put ties at every cut."""
+    rng = np.random.default_rng(11)
+    for trial in range(400):
+        n = 5000
+        cfg = SamplingConfig(temperature=1.0, top_k=int(rng.choice([1, 2, 3, 5])), top_p=0.9,
+                             min_p=float(rng.choice([0.0, 0.05])))
+        row = np.round(rng.standard_normal(n) * float(rng.choice([0.5, 3.0]))).astype(np.float32)
+        ok = rng.random(n) < float(rng.choice([0.5, 0.02]))
+        ok[rng.integers(n)] = True
+        got = distribution(C.constrain(row, cfg, FakeGrammar(ok)), cfg).dense(n)
+        want = distribution(np.where(ok, row, -np.inf).astype(np.float32), cfg).dense(n)
+        np.testing.assert_allclose(got, want, atol=1e-9, err_msg=f"trial {trial}: {cfg}")
 
 
 def test_nothing_allowed_is_an_error_not_a_garbage_row():

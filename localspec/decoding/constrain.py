@@ -87,8 +87,8 @@ def _settled(kept: list[float], nxt: float, rest: int, cfg: SamplingConfig) -> b
     # Top-p reads the mass of all the allowed tokens it could keep, the unasked ones too: at most
     # rest * exp(nxt - best). Settled when its cut is the same whatever that mass is, and falls
     # above nxt (so every token it keeps, with the cut's ties, has been asked).
-    if cfg.top_k > 0:
-        rest = min(rest, cfg.top_k - len(kept))   # top-k keeps at most that many more
+    # (Fewer than top_k found: top-k may keep any number of the unasked, every one tied with its
+    # k-th value, so all `rest` count; capping them at top_k - found kept 4 tokens of a true 435.)
     x = np.asarray(kept, dtype=np.float64) - kept[0]
     w = np.exp(x)
     before = np.cumsum(w) - w
