@@ -178,6 +178,24 @@ def _response_format(fmt) -> dict:
                    code="invalid_value")
 
 
+def check_with(sampling: SamplingConfig, target) -> None:
+    """What only the loaded target can check: logit-bias ids inside its vocabulary (a bias on an id
+    it lacks would change nothing), and the grammar, parsed by llama.cpp here so that a bad one is
+    a 400, not a broken stream."""
+    from localspec.decoding.processing import check_bias_ids
+    from localspec.engine import GrammarError
+
+    try:
+        check_bias_ids(sampling, target.n_vocab)
+    except ConfigError as e:
+        raise ApiError(str(e).replace("logit-bias", "logit_bias"), param="logit_bias", code="invalid_value") from None
+    if sampling.grammar:
+        try:
+            target.grammar(sampling.grammar).close()
+        except GrammarError as e:
+            raise ApiError(f"response_format: {e}", param="response_format", code="invalid_value") from None
+
+
 def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
     """OpenAI's logit_bias: {"token id": bias in [-100, 100]}, added to those logits; -100 bans a
     token (as OpenAI: in effect), which here is exactly -inf, so it can never be drawn."""

@@ -45,12 +45,10 @@ from starlette.routing import Route
 
 from localspec.loading.controllers import Controllers
 from localspec.loading.pool import SlotPool
-from localspec.config import ConfigError
 from localspec.decoding.controller import KController
-from localspec.decoding.processing import check_bias_ids
-from localspec.engine import Cancelled, GrammarError
+from localspec.engine import Cancelled
 from localspec.tokens import common_prefix, prompt_fits
-from .api import ApiError, Defaults, Reply, parse, too_long
+from .api import ApiError, Defaults, Reply, check_with, parse, too_long
 from .http import CountRequests, EventStream, api_error, collect, http_error, internal_error, key_matches, read_json, sse, watch_disconnect
 from .metrics import Metrics
 from localspec.decoding.stats import RunStats
@@ -219,15 +217,7 @@ class Server:
             raise ApiError("the prompt is empty", param="prompt", code="invalid_value")
         if not prompt_fits(len(tokens), self.session.n_ctx):
             raise too_long(len(tokens), self.session.n_ctx, req.chat)
-        try:
-            check_bias_ids(req.sampling, target.n_vocab)
-        except ConfigError as e:
-            raise ApiError(str(e).replace("logit-bias", "logit_bias"), param="logit_bias", code="invalid_value") from None
-        if req.sampling.grammar:   # llama.cpp parses it here, so a bad one is a 400, not a broken stream
-            try:
-                target.grammar(req.sampling.grammar).close()
-            except GrammarError as e:
-                raise ApiError(f"response_format: {e}", param="response_format", code="invalid_value") from None
+        check_with(req.sampling, target)
         return tokens
 
     def _refuse_if_full(self) -> None:
