@@ -22,6 +22,7 @@ from tests.test_decoding import GREEDY, N_GREEDY, PROMPTS, chat
 from tests.test_exact_e2e import K, check, make_drafter
 
 PADDED = Placement(stable_shapes="on")
+GREEDY_PROMPTS = PROMPTS[:5]   # half of test_decoding's: the suite's time (divergences allowed: 1, not 2)
 
 
 # -- the sizes -----------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_a_padded_tree_keeps_its_rows_and_the_accepted_path_only(padded_target, 
 def plain_greedy(target):
     """Plain greedy continuations, computed unpadded."""
     out = {}
-    for text in PROMPTS:
+    for text in GREEDY_PROMPTS:
         steps = generate_steps(target, None, chat(target, text), GREEDY, DecodeConfig(max_tokens=N_GREEDY, k=0))
         out[text] = [t for s in steps for t in s.tokens]
     return out
@@ -129,7 +130,7 @@ def test_greedy_with_both_models_padded_is_plain_greedy(padded_target, padded_dr
     """Equal to plain greedy decoding up to near-ties: llama.cpp rounds a row a little differently
     in a batch of another size (F32 too), and a divergence must be at such a tie (counted)."""
     drafted, gaps = 0, []
-    for text in PROMPTS:
+    for text in GREEDY_PROMPTS:
         padded_target.reset()
         padded_draft.reset()
         drafter = ModelDrafter(padded_draft) if kind == "model" else PromptLookup()
@@ -142,8 +143,8 @@ def test_greedy_with_both_models_padded_is_plain_greedy(padded_target, padded_dr
             gaps.append(gap)
             assert gap < NEAR_TIE, f"{kind} {tree}: left plain decoding {gap:.4f} from a tie ({text!r})"
         drafted += sum(s.n_drafted for s in steps)
-    print(f"near-tie report (stable shapes, {kind} {tree}): {len(gaps)} of {len(PROMPTS)} prompts diverged {gaps}")
-    assert len(gaps) <= 2
+    print(f"near-tie report (stable shapes, {kind} {tree}): {len(gaps)} of {len(GREEDY_PROMPTS)} prompts diverged {gaps}")
+    assert len(gaps) <= 1
     assert drafted > 0
     assert padded_target.shapes.padded > 0 and (kind == "lookup" or padded_draft.shapes.padded > 0)
 
