@@ -153,12 +153,8 @@ def _nucleus_cut(x: np.ndarray, top_p: float, total: float | None) -> float:
     a 128k vocabulary) by bucketing the values: the buckets' masses find the one bucket the cut
     falls in, and only that bucket is sorted."""
     if len(x) <= _SORT_MAX:
-        desc = np.sort(x)[::-1]
-        w = np.exp(desc)
-        before = np.cumsum(w)
-        before -= w
-        limit = top_p * (float(before[-1] + w[-1]) if total is None else total)
-        return float(desc[max(int(np.searchsorted(before, limit, side="left")) - 1, 0)])
+        mass = float(np.exp(x).sum()) if total is None else total
+        return _cut_in(x, 0.0, top_p * mass)
     w = np.exp(x)
     limit = top_p * (float(w.sum()) if total is None else total)
     bucket = np.minimum(-x * _BUCKETS_PER_UNIT, 1 << 20).astype(np.int64)   # 0 holds the max
@@ -166,14 +162,19 @@ def _nucleus_cut(x: np.ndarray, top_p: float, total: float | None) -> float:
     before = np.cumsum(mass)
     before -= mass
     # The cut's bucket: the last non-empty one whose mass before it is below the limit.
-    below = np.flatnonzero((before < limit) & (mass > 0))
-    b = int(below[-1])
-    inside = np.sort(x[bucket == b])[::-1]
-    w_in = np.exp(inside)
-    before_in = np.cumsum(w_in)
-    before_in -= w_in
-    before_in += before[b]
-    return float(inside[max(int(np.searchsorted(before_in, limit, side="left")) - 1, 0)])
+    b = int(np.flatnonzero((before < limit) & (mass > 0))[-1])
+    return _cut_in(x[bucket == b], float(before[b]), limit)
+
+
+def _cut_in(x: np.ndarray, mass_before: float, limit: float) -> float:
+    """Of values `x` that follow `mass_before` of mass in falling order: the last one whose mass
+    before it is below `limit`."""
+    desc = np.sort(x)[::-1]
+    w = np.exp(desc)
+    before = np.cumsum(w)
+    before -= w
+    before += mass_before
+    return float(desc[max(int(np.searchsorted(before, limit, side="left")) - 1, 0)])
 
 
 def _truncated_small(ids: np.ndarray, vals: np.ndarray, m: float, cfg: SamplingConfig,

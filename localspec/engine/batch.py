@@ -175,10 +175,11 @@ class Sequences:
         b.out[:m] = want
         touched = np.flatnonzero(seen[-1]).tolist()
         size, end0 = m, int(lens[0] + seen[-1][0])   # sequence 0's end after the batch
-        if pad and self.shapes is not None and m <= self.n_batch:
+        if pad and self.shapes is not None:
             size = self.shapes.rows(m, bool(want.all()))
             if size > min(self.n_batch, m + self.n_ctx - end0):
                 size = m
+        if size > m:
             self.shapes.padded += size - m
             b.tok[m:size] = arr[-1]
             b.pos[m:size] = np.arange(end0, end0 + size - m, dtype=np.int32)
