@@ -146,6 +146,9 @@ def test_allowed_accept_and_fork(pair):
     ('root ::= "a', "bad grammar"),
     ("   ", "empty"),
     ('root ::= "a"{0,5000}', "at most 2000 times"),   # llama.cpp: silently unbounded
+    ('root ::= root "x" | "y"', "left recursion"),     # llama.cpp logs it; the caught text was empty
+    ('root ::= a\na ::= "z"? a "x" | "y"', "left recursion"),
+    ("root ::= " + "(" * 30000 + '"a"' + ")" * 30000, "nest more than 1000"),   # llama.cpp: SIGSEGV
 ])
 def test_bad_grammars_are_one_line(pair, text, words, capfd):
     with pytest.raises(GrammarError, match=words) as e:
@@ -162,6 +165,27 @@ def test_bad_grammars_are_one_line(pair, text, words, capfd):
     ('{"type": "object", "properties": {"age": {"type": "integer", "maximum": 150}}}',
      "'maximum' \\(in the schema.properties.age\\) cannot be enforced"),
     ('{"type": "object", "properties": {"maximum": {"type": "integer"}}}', None),   # a property's name
+    # what the converter would pass over, or turn into something else, is refused by keyword
+    ('{"type": "object", "properties": {"to": {"type": "string", "format": "email"}}}',
+     "'format' \\(in the schema.properties.to\\) \"email\" is not enforced"),
+    ('{"type": "string", "format": "date"}', None),
+    ('{"type": "string", "format": "date", "pattern": "^2.*$"}', "'format'"),
+    ('{"type": "integer", "format": "int32"}', "'format'"),
+    ('{"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}',
+     "'minItems' \\(in the schema\\) is 3, more than 'maxItems' 1"),
+    ('{"type": "array", "maxItems": 2}', "'maxItems' .* not enforced"),
+    ('{"type": "array", "items": [{"type": "integer"}], "minItems": 2}', "contradicts the 1 items"),
+    ('{"type": "array", "items": {"type": "integer"}, "maxItems": 5000}', "at most 1000 more"),
+    ('{"type": "string", "minLength": 5, "maxLength": 2}', "'minLength' .* is 5, more than 'maxLength' 2"),
+    ('{"type": "string", "pattern": "^a+$", "maxLength": 2}', "'maxLength' .* not enforced"),
+    ('{"type": "string", "minLength": -1}', "at least 0, got -1"),
+    ('{"type": "string", "pattern": "^a{3,1}$"}', "'pattern' .* \\{3,1\\}"),
+    ('{"type": "string", "pattern": "^[{3,1}]a\\\\{1,3\\\\}$"}', None),   # a class and escapes: text
+    ('{"enum": []}', "'enum' .* empty enum allows nothing"),
+    ('{"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "integer"}]}}, "type": "object", '
+     '"properties": {"x": {"$ref": "#/$defs/a"}}}', "'\\$ref' \"#/\\$defs/a\" .*left recursion"),
+    ('{"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "type": "object", '
+     '"properties": {"head": {"$ref": "#/$defs/n"}}}', None),   # recursion behind text ("{") is a tree, not left recursion
 ])
 def test_bad_schemas_are_one_line(schema, words):
     if words is None:
@@ -169,6 +193,28 @@ def test_bad_schemas_are_one_line(schema, words):
         return
     with pytest.raises(GrammarError, match=words):
         schema_grammar(schema)
+
+
+@pytest.mark.parametrize("pattern", ["^a\\{3}$", "^]$", "^(a|b)}c$"])
+def test_patterns_the_converter_would_loop_on_are_refused(pattern):
+    """llama-cpp-python's regex reader loops forever on a '}' or ']' that closes nothing (found by
+    fuzzing: 477 of 2,000 short random patterns): a request would hang its worker for good."""
+    import threading
+
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_refusal({"type": "string", "pattern": pattern})),
+                              daemon=True)
+    worker.start()
+    worker.join(10)
+    assert outcome and "closes nothing" in outcome[0]
+
+
+def _refusal(schema) -> str:
+    try:
+        schema_grammar(schema)
+    except GrammarError as e:
+        return str(e)
+    return "accepted"
 
 
 # -- greedy: speculation equals plain constrained decoding ----------------------------------------

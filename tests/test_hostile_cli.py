@@ -288,6 +288,8 @@ def test_a_character_cut_by_max_tokens_is_left_out(model_paths):
     (("--tensor-split", "3,,1"), "--tensor-split has an empty entry"),
     (("--json-schema", "[1, 2]"), "must be an object, got list"),
     (("--json-schema", "42"), "must be an object, got int"),
+    (("--json-schema", '{"type": "object", "properties": {"n": {"type": "string", "minLength": 3, '
+                       '"maxLength": 1}}}'), "'minLength' (in the schema.properties.n) is 3"),
     (("--logit-bias", "999999=-inf"), "outside the vocabulary"),   # a mistyped ban let the token through
 ])
 def test_options_that_would_do_nothing_are_refused(args, words):

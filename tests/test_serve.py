@@ -155,6 +155,10 @@ def test_completions_streamed_or_not_equal_plain_greedy(served):
      "response_format", "unsupported JSON schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema":
       {"type": "string", "pattern": "(("}}}}, "response_format", "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema":   # the converter: hangs
+      {"type": "string", "pattern": "^a}$"}}}}, "response_format", "closes nothing"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema":
+      {"type": "string", "format": "email"}}}}, "response_format", "'format'"),
     ({"presence_penalty": 2.5}, "presence_penalty", "between -2 and 2"),
     ({"frequency_penalty": "x"}, "frequency_penalty", "must be a number"),
     ({"repeat_penalty": 0}, "repeat_penalty", "a number > 0"),

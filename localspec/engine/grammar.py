@@ -25,6 +25,8 @@ import llama_cpp as C
 from llama_cpp import llama_grammar
 
 from . import interrupt
+from . import schema as _schema
+from .backend import _recent_log
 from .files import EngineError
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
@@ -41,70 +43,14 @@ class GrammarError(EngineError):
 
 
 def schema_grammar(schema: str | dict) -> str:
-    """GBNF for a JSON schema (text or parsed), by llama-cpp-python's `json_schema_to_gbnf` (the
-    port of llama.cpp's json-schema-to-grammar)."""
-    try:
-        text = schema if isinstance(schema, str) else json.dumps(schema)
-        parsed = json.loads(text)
-        if not isinstance(parsed, dict):
-            raise GrammarError(f"a JSON schema must be an object, got {type(parsed).__name__}")
-        _refuse_unenforced(parsed, "the schema")
-        return _strict_strings(llama_grammar.json_schema_to_gbnf(text))
-    except GrammarError:
-        raise
-    except json.JSONDecodeError as e:
-        raise GrammarError(f"the JSON schema is not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except RecursionError:
-        raise GrammarError("the JSON schema nests too deeply") from None
-    except Exception as e:   # the converter raises ValueError, KeyError, TypeError... on odd schemas
-        detail = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise GrammarError(f"unsupported JSON schema: {detail}") from None
-
-
-# Keywords that constrain values but that llama-cpp-python's converter passes over in silence:
-# output "under" such a schema could break it, so the schema is refused, naming the keyword.
-UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems", "not",
-              "if", "then", "else", "patternProperties", "propertyNames", "minProperties", "maxProperties",
-              "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
-              "unevaluatedProperties", "unevaluatedItems")
-
-
-def _refuse_unenforced(schema, where: str, depth: int = 0) -> None:
-    if depth > 64:
-        raise GrammarError("the JSON schema nests too deeply")
-    if isinstance(schema, list):
-        for i, sub in enumerate(schema):
-            _refuse_unenforced(sub, f"{where}[{i}]", depth + 1)
-        return
-    if not isinstance(schema, dict):
-        return
-    for key in UNENFORCED:
-        if key in schema:
-            raise GrammarError(f"unsupported JSON schema: '{key}' (in {where}) cannot be enforced by the "
-                               f"grammar converter; drop it or check it after generation")
-    for key in ("items", "additionalProperties", "prefixItems", "anyOf", "oneOf", "allOf"):
-        if key in schema:
-            _refuse_unenforced(schema[key], f"{where}.{key}", depth + 1)
-    for key in ("properties", "$defs", "definitions"):
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                _refuse_unenforced(sub, f"{where}.{key}.{name}", depth + 1)
-
-
-_LOOSE_CHAR = r'char ::= [^"\\] |'
-_STRICT_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
-
-
-def _strict_strings(gbnf: str) -> str:
-    """JSON strings hold no raw control characters (RFC 8259): llama-cpp-python 0.3's port lets
-    them through (`char ::= [^"\\]`), llama.cpp's own converter excludes them; use llama.cpp's."""
-    return "\n".join(_STRICT_CHAR + line[len(_LOOSE_CHAR):] if line.startswith(_LOOSE_CHAR) else line
-                     for line in gbnf.split("\n"))
+    """GBNF for a JSON schema (text or parsed), refusing what would not be enforced (engine/schema.py)."""
+    return _schema.schema_grammar(schema, GrammarError)
 
 
 def _parse(vocab, text: str, root: str):
     """llama_sampler_init_grammar, with what its parser prints on fd 2 caught: (sampler, message)."""
     with _STDERR, tempfile.TemporaryFile() as caught:
+        _recent_log.clear()   # what llama.cpp logs (not prints) about this grammar, e.g. left recursion
         saved = os.dup(2)
         try:
             os.dup2(caught.fileno(), 2)
@@ -114,13 +60,16 @@ def _parse(vocab, text: str, root: str):
             os.close(saved)
         caught.seek(0)
         said = caught.read(4096).decode("utf-8", "replace")
-    return smpl, said
+    return smpl, "\n".join([said, *_recent_log])
 
 
 def _reason(said: str, root: str) -> str:
     for line in said.splitlines():
         if "error parsing grammar:" in line:
             return line.split("error parsing grammar:", 1)[1].strip()[:200]
+        if "left recursion" in line:
+            return ("a rule refers to itself before matching any text (left recursion), which llama.cpp "
+                    "cannot parse: write it as a repetition, e.g. list ::= item (\",\" item)*")
     if root:
         return f"no rule named '{root}', or a rule used but not defined"
     return "it could not be parsed"
@@ -130,16 +79,27 @@ MAX_REPEAT = 2000
 """llama.cpp's MAX_REPETITION_THRESHOLD (src/llama-grammar.cpp): a larger minimum is refused, and a
 larger maximum silently becomes no maximum at all."""
 
+MAX_NESTING = _schema.MAX_NESTING
+
 
 def check_repetitions(text: str) -> None:
     """Refuse the `{m,n}` repetitions llama.cpp's parser mishandles, before it sees them: with m > n
     it expands n - m (unsigned, so ~1.8e19) rules, growing memory at ~300 MB/s until the OOM killer
     ends the process, deaf to Ctrl-C; a maximum over MAX_REPEAT becomes unbounded without a word.
-    Braces inside string literals, character classes and comments are text, not repetitions."""
-    i, n = 0, len(text)
+    Braces inside string literals, character classes and comments are text, not repetitions.
+    Groups nested deeper than MAX_NESTING are refused too: llama.cpp parses them by recursion, and
+    ~15,000 levels overflow an 8 MB stack (SIGSEGV, the whole process)."""
+    i, n, depth = 0, len(text), 0
     while i < n:
         c = text[i]
-        if c == "#":
+        if c == "(":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise GrammarError(f"bad grammar: groups nest more than {MAX_NESTING} deep, more than "
+                                   f"llama.cpp's parser can take")
+        elif c == ")":
+            depth = max(depth - 1, 0)
+        elif c == "#":
             i = text.find("\n", i)
             i = n if i < 0 else i
         elif c in "\"[":
