@@ -189,6 +189,37 @@ def no_residual_update(tree, p, rng):
             return path, (res if res.total > 0 else r).sample(rng)
 
 
+def _fourth(d) -> tuple[list[int], int | None]:
+    """(d's three likeliest ids, its fourth), a tie going to the lower id."""
+    ids = np.flatnonzero(d.weights) if isinstance(d, Dense) else d.ids
+    w = d.weights[ids] if isinstance(d, Dense) else d.weights
+    order = np.lexsort((ids, -w))[:4]
+    top = [int(ids[i]) for i in order]
+    return top[:3], (top[3] if len(top) > 3 else None)
+
+
+def _collapsed(t: int, d) -> int:
+    top, fourth = _fourth(d)
+    return t if t in top or fourth is None else fourth
+
+
+def rest_collapsed(draft, p, q, rng):
+    """Right, except that a token emitted after an accepted draft, when it is not among its row's
+    three likeliest, becomes the fourth likeliest: each rank class keeps its mass (the rank
+    statistic cannot see it) and every run's first token stays right (nor can the first-token
+    check); only a check of later tokens themselves can."""
+    n, t = accept_sampled(draft, p, q, rng)
+    return n, (_collapsed(t, p[n]) if n else t)
+
+
+def rest_collapsed_tree(tree, p, rng):
+    """`rest_collapsed` for trees (`accept_tree_sampled`'s signature)."""
+    from localspec.decoding.tree import accept_tree_sampled
+
+    path, t = accept_tree_sampled(tree, p, rng)
+    return path, (_collapsed(t, p[path[-1] + 1]) if path else t)
+
+
 def dense_spy(rule, seen: list):
     """`rule`, noting the kinds of distribution it is handed (first target row, draft rows)."""
     def spy(draft, p, q, rng):

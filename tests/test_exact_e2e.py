@@ -21,6 +21,11 @@ that prefix, which leaves ~18 tokens after truncation), cells under 5 expected p
 compared with its 1e-4 critical value (Wilson-Hilferty, slightly conservative): over random seeds
 a correct decoder would fail about twice in 10,000 runs (the seeds here are fixed, so the outcome
 is reproducible). Check 3: every token lies in its p_i's support (one forbidden token fails).
+Statistic 4, the first two tokens jointly: every run's (x_1, x_2) is one draw from
+p_1(x_1) p_2(x_2 | x_1), a fixed law, so a Pearson chi-square over the pairs (x_1 among p_1's
+PAIR_FIRST likeliest, the rest of x_1 pooled; cells under 5 expected pooled) sees what the rank
+classes cannot: a rule that keeps each rank's mass but moves it between tokens, or between
+positions (test_tree_decode's `rest_collapsed` control passes statistics 1 and 2 and fails this).
 
 Teeth: the same runs with a wrong acceptance rule patched into the decoder (always accept;
 resample from p instead of the residual max(0, p - q)) must fail. For the model drafter these use
@@ -50,7 +55,7 @@ from localspec.decoding.decoder import generate_steps
 from localspec.decoding.dists import Dense
 from localspec.decoding.drafters import ModelDrafter, PromptLookup
 from localspec.decoding.auto import AutoDrafter, Plan
-from tests.law_helpers import (ALPHA, CFG, REPEATING, Target, always_accept, chi2_check, chi2_critical, dense_spy,
+from tests.law_helpers import (ALPHA, CFG, REPEATING, Check, Target, always_accept, chi2_check, chi2_critical, dense_spy,
                                q_misaligned, residual_is_p)
 
 K = 4
@@ -138,8 +143,46 @@ def top_ids(probs: np.ndarray, n: int) -> np.ndarray:
     return np.argsort(-probs, kind="stable")[:n]
 
 
+PAIR_FIRST = 12
+
+
+def pair_check(ref: Target, runs) -> Check:
+    """Statistic 4: Pearson chi-square of (x_1, x_2) against p_1(x_1) p_2(x_2 | x_1)."""
+    end = ref.end
+    p1 = ref.rows([], 1)[0]
+    w1 = p1.weights / p1.total
+    firsts = [int(p1.ids[i]) for i in top_ids(w1, min(PAIR_FIRST, len(p1)))]
+    cells: dict = {}   # (x_1, x_2) -> cell; (x_1, None) holds what p_2 never allows
+    probs: list[float] = []
+    for x1 in firsts:
+        w = float(w1[np.flatnonzero(p1.ids == x1)[0]])
+        if x1 == end:
+            cells[(x1, "end")] = len(probs)
+            probs.append(w)
+            continue
+        p2 = ref.rows([x1], 2)[1]
+        for x2, w2 in zip(p2.ids.tolist(), (p2.weights / p2.total).tolist()):
+            cells[(x1, x2)] = len(probs)
+            probs.append(w * w2)
+        cells[(x1, None)] = len(probs)
+        probs.append(0.0)
+    other = len(probs)   # any other first token
+    probs.append(max(0.0, 1.0 - sum(w1[np.isin(p1.ids, firsts)])))
+    counts = np.zeros(len(probs))
+    for tokens, _, finish in runs:
+        xs = tokens + [end] * (finish == "stop")
+        x1 = xs[0]
+        if x1 not in firsts:
+            counts[other] += 1
+        elif x1 == end:
+            counts[cells[(x1, "end")]] += 1
+        else:
+            counts[cells.get((x1, xs[1] if len(xs) > 1 else None), cells[(x1, None)])] += 1
+    return chi2_check(counts, np.array(probs))
+
+
 def check(ref: Target, runs) -> dict:
-    """The two statistics and the support check over `runs` (see the module doc)."""
+    """The statistics and the support check over `runs` (see the module doc)."""
     end = ref.end   # the merged end-of-generation token
     observed, expected, cov = np.zeros(CLASSES), np.zeros(CLASSES), np.zeros((CLASSES, CLASSES))
     forbidden = tested = 0
@@ -173,6 +216,7 @@ def check(ref: Target, runs) -> dict:
         "rank": rank_stat, "rank_crit": chi2_critical(CLASSES - 1, ALPHA), "tested": tested,
         "observed": observed.tolist(), "expected": expected.round(1).tolist(),
         "first": chi2_check(counts, np.append(p1.weights / p1.total, 0.0)), "forbidden": forbidden,
+        "pairs": pair_check(ref, runs),
     }
 
 
@@ -191,6 +235,7 @@ def test_k4_sampled_output_follows_the_target(target, draft, reference, kind):
     assert result["forbidden"] == 0
     assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
     assert result["first"].ok, f"first token: {result['first']}"
+    assert result["pairs"].ok, f"first two tokens: {result['pairs']}"
 
 
 # ---- teeth ----------------------------------------------------------------------------------
@@ -238,5 +283,6 @@ def test_k4_untruncated_output_follows_the_target(target, draft, reference, monk
         assert result["forbidden"] == 0
         assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
         assert result["first"].ok, f"first token: {result['first']}"
+        assert result["pairs"].ok, f"first two tokens: {result['pairs']}"
     else:   # the law is both checks: failing either is failing it
         assert result["rank"] >= result["rank_crit"] or not result["first"].ok, f"{rule.__name__} passed: {result}"

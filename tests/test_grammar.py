@@ -34,7 +34,7 @@ from localspec.decoding.processing import window
 from localspec.decoding.sampling import distribution
 from localspec.engine import ANY_JSON_OBJECT, GrammarError, Model, schema_grammar
 from localspec.loading.session import LoadConfig, Session
-from tests.law_helpers import NEAR_TIE, Target, near_tie_gap
+from tests.law_helpers import NEAR_TIE, Target, near_tie_gap, rest_collapsed_tree
 from tests.test_exact_e2e import check as law_check
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -278,6 +278,10 @@ K, L, RUNS = 2, 3, 2000
 SMALL = 'root ::= ([!-/] [a-z])+'
 LAW = SamplingConfig(temperature=1.0, top_k=40, top_p=0.98, min_p=0.0, repeat_penalty=3.0, repeat_last_n=8,
                      grammar=SMALL)
+WIDE = replace(LAW, temperature=1.5, top_p=1.0)
+"""The tree law's sampling: past each row's third token lies ~10 % of the mass (~1 % under LAW), so
+the pair check sees a rule that moves mass among those tokens (rest_collapsed_tree: 150 against a
+critical 62; under LAW 33 against 32)."""
 
 
 @pytest.fixture(scope="module")
@@ -295,11 +299,17 @@ def tiny(tmp_path_factory):
 TREE = "2,2"   # a draft tree of 4 branches at k = 2: siblings, each masked by its own path's state
 
 
+@pytest.fixture(scope="module")
+def wide(tiny):
+    return Target(tiny[2].model, tiny[2].prompt, WIDE)
+
+
 def law_runs(target, draft, ref: Target, mask: bool = True, tree: str = "off", counts: dict | None = None):
+    """RUNS runs at the reference's own sampling."""
     runs, drafted, accepted = [], 0, 0
     for r in range(RUNS):
         tokens, verified, finish = [], [], None
-        for step in generate_steps(target, ModelDrafter(draft), ref.prompt, LAW,
+        for step in generate_steps(target, ModelDrafter(draft), ref.prompt, ref.cfg,
                                    DecodeConfig(max_tokens=L, k=K, mask_draft=mask, tree=tree),
                                    rng=np.random.default_rng([29, r])):
             tokens += step.tokens
@@ -329,19 +339,33 @@ def test_constrained_sampling_follows_the_target(tiny):
     assert result["forbidden"] == 0 and result["tested"] >= RUNS
     assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
     assert result["first"].ok, f"first token: {result['first']}"
+    assert result["pairs"].ok, f"first two tokens: {result['pairs']}"
     first = ref.rows([], 1)[0]   # a choice, and a narrow one: the grammar is live here
     assert 2 <= len(first) <= 12
 
 
 @pytest.mark.parametrize("mask", [True, False])
-def test_constrained_tree_sampling_follows_the_target(tiny, mask):
-    target, draft, ref = tiny
+def test_constrained_tree_sampling_follows_the_target(tiny, wide, mask):
+    target, draft, _ = tiny
+    ref = wide
     counts: dict = {}
     runs, alpha = law_runs(target, draft, ref, mask=mask, tree=TREE, counts=counts)
     result = law_check(ref, runs)
     print(f"tree {TREE}, draft masked {mask}: α {alpha:.3f}, {counts['tree_steps']} tree steps", result)
     assert counts["tree_steps"] >= RUNS // 2
     assert result["forbidden"] == 0 and result["rank"] < result["rank_crit"] and result["first"].ok
+    assert result["pairs"].ok, f"first two tokens: {result['pairs']}"
+
+
+def test_a_tree_rule_that_keeps_each_ranks_mass_fails_under_the_grammar(tiny, wide, monkeypatch):
+    """The tree grammar law's rank statistic (df 3) and first-token check (df 1 here: the grammar
+    leaves two likely first tokens) cannot see a rule that moves mass inside the rank classes
+    after the first token; the pair check must."""
+    target, draft, _ = tiny
+    monkeypatch.setattr(localspec.decoding.decoder, "accept_tree_sampled", rest_collapsed_tree)
+    result = wrong_rule_check(wide, law_runs(target, draft, wide, tree=TREE)[0])
+    print("rest_collapsed_tree under the grammar", result)
+    assert not result["pairs"].ok, f"the wrong rule passed the pair check: {result}"
 
 
 def test_tree_rows_masked_blind_to_the_path_fail(tiny, monkeypatch):

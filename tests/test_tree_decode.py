@@ -18,7 +18,7 @@ from localspec.decoding.auto import AutoDrafter
 from localspec.decoding.decoder import generate_steps
 from localspec.decoding.drafters import ModelDrafter, PromptLookup
 from localspec.engine import Model
-from tests.law_helpers import CFG, REPEATING, Target, no_residual_update
+from tests.law_helpers import CFG, REPEATING, Target, no_residual_update, rest_collapsed_tree
 from tests.test_exact_e2e import check as law_check
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -223,6 +223,7 @@ def test_tree_output_follows_the_target(tiny, kind, shape):
     assert result["tested"] >= RUNS
     assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
     assert result["first"].ok, f"first token: {result['first']}"
+    assert result["pairs"].ok, f"first two tokens: {result['pairs']}"
 
 
 @pytest.mark.parametrize("kind,shape", [("model", "2,2,2"), ("lookup", "4")])
@@ -249,3 +250,16 @@ def test_trees_near_the_end_of_the_context(tmp_path):
     assert tokens == plain
     assert steps[-1].finish in ("context", "stop")
     assert any(s.branches > 1 for s in steps)
+
+
+def test_a_rule_that_keeps_each_ranks_mass_fails_the_pair_check(tiny, monkeypatch):
+    """The joint statistic's teeth: the rank classes and the first token cannot see `rest_collapsed`."""
+    target, draft, refs = tiny
+    monkeypatch.setattr(localspec.decoding.decoder, "accept_tree_sampled", rest_collapsed_tree)
+    runs, _ = tree_runs(target, draft, refs, "model", "2,2,2", RUNS)
+    result = law_check(refs["model"], runs)
+    print("rest_collapsed_tree", result)
+    assert not result["pairs"].ok, f"the wrong rule passed the pair check: {result}"
+    # and it is the pair check that sees it: the others pass (the runs' rank classes are the exact
+    # rule's own, draw for draw)
+    assert result["rank"] < result["rank_crit"] and result["first"].ok, result
