@@ -8,7 +8,7 @@ import typer
 
 from . import options as o
 
-PARALLEL_DEFAULT = 4   # measured on a 2-core CPU: docs/performance.md#concurrent-requests-issue-23-2026-12-02
+PARALLEL_DEFAULT = 4   # measured on a 2-core CPU: docs/performance.md#concurrent-requests-2026-12-02
 MAX_PARALLEL = 32      # slots × tree branches must stay within llama.cpp's sequences (256)
 
 
