@@ -6,14 +6,17 @@
   target, with the draft model and with prompt lookup, and the processing did change the text.
 - The law at T = 1 on the tiny llama pair (test_concurrent's): with a strong repeat penalty and
   presence penalty, a generation drafting k = 2 tokens per step follows the target's processed
-  distribution (test_exact_e2e's statistics against the target alone, 2,000 runs). Controls: a
-  draft left unprocessed must still pass (it only lowers α); a target whose verify rows leave the
-  drafted tokens out of the penalty history must fail.
+  distribution (test_exact_e2e's statistics against the target alone, 2,000 runs), as chains and
+  as 2,2 trees (each verify row penalized by its own path), and so does one under a logit bias
+  with a frequency penalty. Controls: a draft left unprocessed must still pass (it only lowers α);
+  verify rows that leave the drafted tokens (or a tree row's path) out of the penalty history, or
+  that drop the bias past a step's first row, must fail.
 """
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ import llama_cpp as C
 
 import localspec.decoding.decoder
 import localspec.decoding.drafters
+import localspec.decoding.sampling
 from localspec.config import DecodeConfig, ModelConfig, SamplingConfig
 from localspec.decoding.decoder import generate_steps
 from localspec.decoding.drafters import ModelDrafter, PromptLookup
@@ -136,6 +140,8 @@ L = 3
 RUNS = 2000
 PENALIZED = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.0, repeat_penalty=3.0,
                            presence_penalty=2.0, repeat_last_n=8)
+BIASED = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.0, frequency_penalty=1.5, repeat_last_n=16)
+"""With a logit bias chosen from the target's first row (the `biased` fixture)."""
 
 
 @pytest.fixture(scope="module")
@@ -143,17 +149,35 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-penalties")
     t_path = write_tiny_gguf(folder / "target.gguf", scale=0.8, n_embd=32, n_ff=64, seed=0)
     d_path = write_tiny_gguf(folder / "draft.gguf", scale=1.1, n_embd=32, n_ff=64, seed=0)
-    with Model(ModelConfig(str(t_path), n_ctx=128)) as t, Model(ModelConfig(str(d_path), n_ctx=128)) as d, \
+    # four sequences each (a unified cache): room for a tree's branches
+    with Model(ModelConfig(str(t_path), n_ctx=128, n_seq=4)) as t, \
+            Model(ModelConfig(str(d_path), n_ctx=128, n_seq=4)) as d, \
             Model(ModelConfig(str(t_path), n_ctx=128)) as alone:
         yield t, d, Target(alone, alone.tokenize(REPEATING), PENALIZED)
 
 
-def law_runs(target, draft, ref: Target, n: int):
+@pytest.fixture(scope="module")
+def biased(tiny):
+    """The target's rows under BIASED: a logit bias on the first row's likeliest token (down), its
+    fourth (up) and its twentieth (up a lot), with a frequency penalty."""
+    alone, prompt = tiny[2].model, tiny[2].prompt
+    alone.sync(prompt[:-1])
+    row = alone.eval(prompt[-1:], logits_from=0)[0]
+    order = [int(t) for t in np.argsort(-row, kind="stable")]
+    alone.truncate(0)
+    cfg = replace(BIASED, logit_bias=((order[0], -2.0), (order[3], 2.5), (order[19], 4.0)))
+    return Target(alone, prompt, cfg)
+
+
+def law_runs(target, draft, ref: Target, n: int, tree: str = "off", counts: dict | None = None):
+    """n runs at the reference's own sampling."""
     runs = []
     for r in range(n):
         tokens, verified, finish = [], [], None
-        for step in generate_steps(target, ModelDrafter(draft), ref.prompt, PENALIZED,
-                                   DecodeConfig(max_tokens=L, k=K), rng=np.random.default_rng([23, r])):
+        for step in generate_steps(target, ModelDrafter(draft), ref.prompt, ref.cfg,
+                                   DecodeConfig(max_tokens=L, k=K, tree=tree), rng=np.random.default_rng([23, r])):
+            if counts is not None:
+                counts["tree_steps"] = counts.get("tree_steps", 0) + (step.branches > 1)
             tokens += step.tokens
             verified += [step.n_drafted] * (len(step.tokens) + (step.finish == "stop"))
             finish = step.finish
@@ -168,6 +192,51 @@ def test_penalized_sampling_follows_the_target(tiny):
     assert result["forbidden"] == 0 and result["tested"] >= RUNS
     assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
     assert result["first"].ok, f"first token: {result['first']}"
+    assert result["pairs"].ok, f"first two tokens: {result['pairs']}"
+
+
+def test_penalized_tree_sampling_follows_the_target(tiny):
+    """Penalties along a tree's paths, no grammar: each verify row's history is its own path."""
+    target, draft, ref = tiny
+    counts: dict = {}
+    result = law_check(ref, law_runs(target, draft, ref, RUNS, tree="2,2", counts=counts))
+    print(f"{counts['tree_steps']} tree steps", result)
+    assert counts["tree_steps"] >= RUNS // 2
+    assert result["forbidden"] == 0 and result["rank"] < result["rank_crit"]
+    assert result["first"].ok and result["pairs"].ok, result
+
+
+def test_tree_rows_penalized_blind_to_their_path_fail(tiny, monkeypatch):
+    target, draft, ref = tiny
+    monkeypatch.setattr(localspec.decoding.decoder, "tree_seen",
+                        lambda context, tokens, parents, sampling: lambda i: window(context, [], sampling))
+    result = law_check(ref, law_runs(target, draft, ref, RUNS, tree="2,2"))
+    print("tree rows blind to their path", result)
+    assert result["forbidden"] > 0 or result["rank"] > result["rank_crit"] or not result["pairs"].ok, \
+        f"the wrong history passed: {result}"
+
+
+def test_biased_sampling_follows_the_target(tiny, biased):
+    """The law at T = 1 under a logit bias and a frequency penalty."""
+    target, draft, _ = tiny
+    result = law_check(biased, law_runs(target, draft, biased, RUNS))
+    print(biased.cfg.logit_bias, result)
+    assert result["forbidden"] == 0 and result["tested"] >= RUNS
+    assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
+    assert result["first"].ok and result["pairs"].ok, result
+
+
+def test_verify_rows_past_the_first_unbiased_fail(tiny, biased, monkeypatch):
+    """Teeth: a decoder that applies the bias to the first verify row only (every step's first token
+    is right; the rest are not)."""
+    target, draft, _ = tiny
+    right = localspec.decoding.sampling.processed
+    monkeypatch.setattr(localspec.decoding.sampling, "processed", lambda row, cfg, seen, i, states=None: right(
+        row, replace(cfg, logit_bias=()) if i else cfg, seen, i, states))
+    result = law_check(biased, law_runs(target, draft, biased, RUNS))
+    print("bias on the first verify row only", result)
+    assert result["forbidden"] > 0 or result["rank"] > result["rank_crit"] or not result["pairs"].ok, \
+        f"the wrong bias passed: {result}"
 
 
 def test_an_unprocessed_draft_still_follows_the_target(tiny, monkeypatch):
