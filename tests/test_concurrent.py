@@ -9,13 +9,16 @@ what a generation computes.
 - The law at T = 1, on the tiny llama pair of test_tree_decode: a generation that shares every
   step's decodes with three others (their own prompts, drafters, seeds) is checked with
   test_exact_e2e's statistics against the target alone, 2,000 runs; the same runs with the
-  residual replaced by p (a wrong rule) must fail, so the test can see a broken law here.
+  residual replaced by p (a wrong rule) must fail, so the test can see a broken law here. The same
+  law where each run reuses the cache its slot's last run left, in the non-unified cache serve
+  uses, and with 2,2 draft trees in slots of four sequences.
 - The batcher: one target decode per step holds every generation's rows; a cancelled slot's
   request fails at its next decode while the others go on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -192,20 +195,28 @@ OTHERS = ([1, 5, 9, 13, 17], [1, 40, 41, 42], [1, 7, 16, 7, 16, 7])
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    """(target, draft, the target alone's rows), or for a `cache` mode its (target, draft):
+    "unified" (4 slots of one sequence), "split" (llama.cpp's non-unified cache, serve's own
+    without trees), "trees" (4 slots of 4 sequences in one unified cache)."""
     folder = tmp_path_factory.mktemp("tiny-concurrent")
     t_path = write_tiny_gguf(folder / "target.gguf", scale=0.8, **TINY)
     d_path = write_tiny_gguf(folder / "draft.gguf", scale=1.1, **TINY)
-    with Model(ModelConfig(str(t_path), n_ctx=4 * 128, n_seq=4)) as t, \
-            Model(ModelConfig(str(d_path), n_ctx=4 * 128, n_seq=4)) as d, \
-            Model(ModelConfig(str(t_path), n_ctx=128)) as alone:
-        yield t, d, Target(alone, alone.tokenize(REPEATING))
+    modes = {"unified": dict(n_seq=4), "split": dict(n_seq=4, unified=False), "trees": dict(n_seq=16)}
+    with contextlib.ExitStack() as stack:
+        pairs = {mode: tuple(stack.enter_context(Model(ModelConfig(str(path), n_ctx=4 * 128, **kw)))
+                             for path in (t_path, d_path)) for mode, kw in modes.items()}
+        alone = stack.enter_context(Model(ModelConfig(str(t_path), n_ctx=128)))
+        yield (*pairs["unified"], Target(alone, alone.tokenize(REPEATING)), pairs)
 
 
-def shared_runs(target, draft, ref: Target, n: int):
-    """n runs of the measured generation in slot 0 while slots 1-3 generate all along."""
+def shared_runs(target, draft, ref: Target, n: int, tree: str = "off", reuse: bool = False):
+    """n runs of the measured generation in slot 0 while slots 1-3 generate all along; `reuse`:
+    each run starts on the cache the last one left (its prompt found there, the rest cut), as a
+    server's next request in the same slot does."""
     batcher = Batcher([draft, target])
-    slots = [(Slot(target, batcher, i, 1, 128), Slot(draft, batcher, i, 1, 128)) for i in range(4)]
-    decode = DecodeConfig(max_tokens=L, k=K)
+    width = target.n_seq // 4
+    slots = [(Slot(target, batcher, i, width, 128), Slot(draft, batcher, i, width, 128)) for i in range(4)]
+    decode = DecodeConfig(max_tokens=L, k=K, tree=tree)
     done = threading.Event()
     shared = [0, 0]   # target decodes of the measured generation: with others, in all
 
@@ -225,7 +236,8 @@ def shared_runs(target, draft, ref: Target, n: int):
     try:
         with batcher.taking_part():
             for r in range(n):
-                t.reset(), d.reset()
+                if not reuse:
+                    t.reset(), d.reset()
                 tokens, verified, finish = [], [], None
                 for step in generate_steps(t, ModelDrafter(d), ref.prompt, CFG, decode, rng=np.random.default_rng([11, r])):
                     tokens += step.tokens
@@ -240,7 +252,7 @@ def shared_runs(target, draft, ref: Target, n: int):
 
 
 def test_a_generation_sharing_its_batches_follows_the_target_alone(tiny):
-    target, draft, ref = tiny
+    target, draft, ref, _ = tiny
     runs, batcher = shared_runs(target, draft, ref, RUNS)
     result = law_check(ref, runs)
     print(result, "decodes", batcher.decodes, "shared", batcher.shared)
@@ -249,11 +261,27 @@ def test_a_generation_sharing_its_batches_follows_the_target_alone(tiny):
     assert result["forbidden"] == 0 and result["tested"] >= RUNS
     assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
     assert result["first"].ok, f"first token: {result['first']}"
+    assert result["pairs"].ok, f"first two tokens: {result['pairs']}"
+
+
+@pytest.mark.parametrize("cache,tree", [("split", "off"), ("trees", "2,2")])
+def test_a_reused_slot_sharing_its_batches_follows_the_target_alone(tiny, cache, tree):
+    """The same law where each run reuses its slot's cache (a cached prefix), in serve's
+    non-unified cache, and with draft trees inside the slots (every slot drafting trees)."""
+    target, draft = tiny[3][cache]
+    ref = tiny[2]
+    runs, batcher = shared_runs(target, draft, ref, RUNS, tree=tree, reuse=True)
+    result = law_check(ref, runs)
+    print(cache, tree, result, "decodes", batcher.decodes, "shared", batcher.shared)
+    assert batcher.shared >= 2 * RUNS, "the generations did not share their decodes"
+    assert result["forbidden"] == 0 and result["tested"] >= RUNS
+    assert result["rank"] < result["rank_crit"], f"not the target's law: {result}"
+    assert result["first"].ok and result["pairs"].ok, result
 
 
 def test_a_wrong_rule_sharing_its_batches_fails(tiny, monkeypatch):
     """Teeth: the same runs, resampling from p instead of the residual after a rejection."""
-    target, draft, ref = tiny
+    target, draft, ref, _ = tiny
     monkeypatch.setattr(localspec.decoding.decoder, "accept_sampled", residual_is_p)
     runs, _ = shared_runs(target, draft, ref, RUNS)
     result = law_check(ref, runs)

@@ -237,8 +237,9 @@ class Slot(Sequences):
         want[logit_start(n, logits_from):] = True
         return self._submit(np.asarray(tokens, dtype=np.int32), np.zeros(n, np.int64), want)
 
-    def decode_rows(self, tokens: Sequence[int], seqs, logits=None) -> np.ndarray | None:
-        """As `Sequences.decode_rows`, with this slot's sequence ids."""
+    def decode_rows(self, tokens: Sequence[int], seqs, logits=None, pad: bool = False) -> np.ndarray | None:
+        """As `Sequences.decode_rows`, with this slot's sequence ids. `pad` is not for a slot: its
+        rows meet other slots' in the batcher's decode, whose size no one slot decides."""
         arr = np.asarray(tokens, dtype=np.int32).reshape(-1)
         if len(arr) == 0:
             return None
