@@ -258,10 +258,30 @@ def make_case(name: str) -> Case:
         q2 = np.concatenate([0.7 * q2, np.tile([0.1, 0.2], (v, 1))], axis=1)
         draft = Draft(q1, _normalise(q2), form="dense")
         return Case(Target(p1, p2, form="dense"), lambda r: sampled_tree(draft, (3, 2), r, v))
+    if name == "dense_blocks":
+        # Untruncated rows over 2,600 ids: two of Dense's 1,024-id blocks and part of a third, so
+        # sampling, `without` and the residual cross block borders. Eight ids spread over the
+        # blocks (two on each side of a border) hold 95 % of each row, the rest is spread thin.
+        v = 2600
+        hot = np.array([3, 700, 1023, 1024, 1500, 2047, 2048, 2599])
+
+        def row(conc):
+            r = np.full(v, 0.05 / (v - len(hot)))
+            r[hot] = 0.95 * rng.dirichlet(np.full(len(hot), conc))
+            return r
+
+        def near(p):
+            q = 0.6 * (0.5 * p + 0.5 * row(0.4))
+            q[rng.choice(hot)] += 0.4
+            return q
+        p1, p2 = row(0.8), np.array([row(0.8) for _ in range(v)])
+        draft = Draft(near(p1), np.array([near(r) for r in p2]), form="dense")
+        return Case(Target(p1, p2, form="dense"), lambda r: sampled_tree(draft, (2, 2), r, v))
     raise KeyError(name)
 
 
-CASES = ["sampled_222", "sampled_3111", "sampled_4", "truncated_22", "onehot", "mixed", "dense_wider"]
+CASES = ["sampled_222", "sampled_3111", "sampled_4", "truncated_22", "onehot", "mixed", "dense_wider",
+         "dense_blocks"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,10 +315,12 @@ def run_rule(rule, case: Case, seed: int, n: int = N) -> Run:
     v = t.vocab
     bad = x1 >= v
     # After an empty path the decoder's next step emits p(. | x1): drawn here, vectorised.
-    need = (x2 < 0) & ~bad
-    cdf = np.cumsum(t.p2[x1[need]], axis=1)
-    u = next_rng.random(int(need.sum())) * cdf[:, -1]
-    x2[need] = np.minimum((cdf <= u[:, None]).sum(axis=1), v - 1)
+    need = np.flatnonzero((x2 < 0) & ~bad)
+    u = next_rng.random(len(need))
+    for lo in range(0, len(need), 512):   # a few hundred rows at a time: wide vocabularies too
+        at = need[lo:lo + 512]
+        cdf = np.cumsum(t.p2[x1[at]], axis=1)
+        x2[at] = np.minimum((cdf <= (u[lo:lo + 512] * cdf[:, -1])[:, None]).sum(axis=1), v - 1)
     bad |= (x2 >= v) | (x2 < 0)
     counts = np.bincount(x1[~bad] * v + x2[~bad], minlength=v * v)
     check = chi2_check(counts, t.p1[:, None] * t.p2)
@@ -338,6 +360,7 @@ def first_always(tree: DraftTree, p, rng):
 
 WRONG = [
     (against_p, "sampled_222"),
+    (against_p, "dense_blocks"),
     (against_p, "onehot"),
     (q_not_updated, "sampled_4"),
     (q_not_updated, "sampled_222"),
@@ -374,6 +397,7 @@ def test_cases_are_what_they_claim():
     wide = [make_case("dense_wider").make_tree(rng) for _ in range(50)]
     assert any(x >= 8 for t in wide for x in t.tokens)   # ids the target lacks are proposed
     assert isinstance(make_case("dense_wider").target.root, Dense)
+    assert len(make_case("dense_blocks").target.root.blocks) == 3   # several blocks of Dense's
     tr = make_case("truncated_22")
     assert tr.target.p1[0] == 0.0 and any(0 in t.tokens or 1 in t.tokens for t in
                                           (tr.make_tree(rng) for _ in range(20)))
