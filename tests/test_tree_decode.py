@@ -1,6 +1,8 @@
 """Draft trees end to end on the real models: greedy output equals plain decoding, the caches hold
 exactly the emitted text after every step (rejections at every depth), and at T = 1 the law of
-the first emitted tokens is the target's own, with a wrong sibling rule that must fail.
+the first emitted tokens is the target's own, with a wrong sibling rule that must fail: also
+untruncated, over a vocabulary of three of Dense's blocks (exact: rank 0.07, pairs 9.2; skipping
+the residual update: rank 64, pairs 185, against 21.8 and 32.3).
 
 The rule itself (recursive rejection sampling over siblings) is proved at the level of
 distributions in test_tree_rule.py; here the decoder, the drafters' trees, the engine's tree
@@ -20,7 +22,7 @@ from localspec.decoding.drafters import ModelDrafter, PromptLookup
 from localspec.engine import Model
 from tests.law_helpers import CFG, REPEATING, Target, no_residual_update, rest_collapsed_tree
 from tests.test_exact_e2e import check as law_check
-from tests.tiny_gguf import write_tiny_gguf
+from tests.tiny_gguf import TOKENS, write_tiny_gguf
 
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = [
@@ -194,13 +196,14 @@ def tiny(tmp_path_factory):
 
 
 def tree_runs(target, draft, refs, kind: str, shape: str, n: int):
-    """n runs as test_exact_e2e's `sample_runs` returns them, and how many opened with a tree."""
-    prompt = refs[kind].prompt
+    """n runs as test_exact_e2e's `sample_runs` returns them (at the reference's own sampling),
+    and how many opened with a tree."""
+    prompt, cfg = refs[kind].prompt, refs[kind].cfg
     runs, trees = [], 0
     for r in range(n):
         drafter = ModelDrafter(draft) if kind == "model" else PromptLookup()
         tokens, verified, finish = [], [], None
-        steps = list(generate_steps(target, drafter, prompt, CFG, DecodeConfig(max_tokens=L, k=K, tree=shape),
+        steps = list(generate_steps(target, drafter, prompt, cfg, DecodeConfig(max_tokens=L, k=K, tree=shape),
                                     rng=np.random.default_rng([11, r])))
         for step in steps:
             tokens += step.tokens
@@ -263,3 +266,43 @@ def test_a_rule_that_keeps_each_ranks_mass_fails_the_pair_check(tiny, monkeypatc
     # and it is the pair check that sees it: the others pass (the runs' rank classes are the exact
     # rule's own, draw for draw)
     assert result["rank"] < result["rank_crit"] and result["first"].ok, result
+
+
+# -- untruncated, over several of Dense's blocks ------------------------------------------------------
+
+UNTRUNCATED = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+WIDE_TOKENS = [*TOKENS, *(f"▁w{i}" for i in range(2800))]
+"""3,073 ids: Dense rows span three of its 1,024-id blocks (the tree's q rows, their `without`
+chains and the residuals cross block borders)."""
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-tree-wide")
+    t_path = write_tiny_gguf(folder / "target.gguf", WIDE_TOKENS, scale=1.6, **TINY)
+    d_path = write_tiny_gguf(folder / "draft.gguf", WIDE_TOKENS, scale=2.0, **TINY)
+    with Model(ModelConfig(str(t_path), n_ctx=256, n_seq=WIDTH)) as t, \
+            Model(ModelConfig(str(d_path), n_ctx=256, n_seq=WIDTH)) as d:
+        yield t, d, {"model": Target(t, t.tokenize(REPEATING), UNTRUNCATED)}
+
+
+@pytest.mark.parametrize("rule", ["exact", "no_residual_update"])
+def test_untruncated_trees_over_several_blocks(wide, monkeypatch, rule):
+    target, draft, refs = wide
+    kinds = set()
+    right = localspec.decoding.decoder.accept_tree_sampled
+    chosen = right if rule == "exact" else no_residual_update
+
+    def spy(tree, p, rng):
+        kinds.add(type(p[0]).__name__)
+        return chosen(tree, p, rng)
+    monkeypatch.setattr(localspec.decoding.decoder, "accept_tree_sampled", spy)
+    runs, trees = tree_runs(target, draft, refs, "model", "2,2", RUNS)
+    result = law_check(refs["model"], runs)
+    print(rule, f"{trees} trees", kinds, result)
+    assert target.n_vocab > 2 * 1024 and kinds == {"Dense"} and trees >= 0.9 * RUNS
+    if rule == "exact":
+        assert result["forbidden"] == 0 and result["rank"] < result["rank_crit"]
+        assert result["first"].ok and result["pairs"].ok, result
+    else:
+        assert result["rank"] >= result["rank_crit"] or not result["first"].ok or not result["pairs"].ok, result
