@@ -58,6 +58,24 @@ def test_prompt_from_stdin_streams_text_and_summary():
     assert "draft efficiency" in summary
 
 
+def test_summary_says_why_generation_ended():
+    r = localspec("generate", "Count from 1 to 20, separated by commas.", "--stop", "7", "--max-tokens", "64",
+                  "--temperature", "0", "--drafter", "lookup")
+    assert r.returncode == 0, r.stderr
+    assert "7" not in r.stdout and "6" in r.stdout   # cut at the stop string, long before 64 tokens
+    assert "tokens (stop string) ·" in r.stderr.strip().splitlines()[-1]
+
+
+def test_the_reason_by_finish():
+    from localspec.cli.app import ended
+
+    assert ended({"finish": "length"}) == ended({"finish": "length", "stop_string": False}) == "--max-tokens reached"
+    assert ended({"finish": "context"}) == "context full"
+    assert ended({"finish": "stop"}) == "end of text"
+    assert ended({"finish": "stop", "grammar": "json"}) == "grammar complete"
+    assert ended({"finish": "stop", "grammar": "json", "stop_string": True}) == "stop string"
+
+
 def test_raw_mode_and_no_drafter():
     r = localspec("generate", "The capital of France is", "--raw", "--drafter", "none", "--max-tokens", "8",
                   "--temperature", "0", "--json")

@@ -2,10 +2,13 @@
 applies, no flag shows a placeholder (`<bool>`), and every placeholder has one style.
 
 The help is rendered as a user sees it (Typer's rich panels, wide enough that no row wraps) and
-parsed: Typer's own `[default: X]` is compared with the option's declared default; a default
-written into the help text (`(default 0.8)`, `(default: …)`, `'auto' (default)`) with what the
-code does when the option is not given (`REAL_DEFAULTS`). A default in words that this file does
-not know fails, so that no default can be shown unchecked.
+parsed. Defaults are shown one way, in the help's words (`(default 0.8)`, `(default: …)`): each is
+compared with what the code does when the option is not given (`REAL_DEFAULTS`), or, for an option
+declared with a default, with that declared default (which Typer passes). A default in words that
+this file cannot check fails, so that no default can be shown unchecked; an option declared with a
+default that its help does not state fails too, and so does Typer's own `[default: X]` anywhere.
+The options the model commands share are grouped in panels, the same in every command, after the
+command's own options (`panels`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import typer
 from typer.testing import CliRunner
 
 from localspec.cli.app import app
+from localspec.config import DRAFTERS
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}   # one line per row: nothing wraps
 
 NAME = r"[A-Z][A-Z0-9_]*"
-LITERAL = r"[a-z0-9][a-z0-9.-]*(?:\|[a-z0-9][a-z0-9.-]*)*"   # the values an option takes: md|json
+VALUE = rf"(?:[a-z0-9][a-z0-9.-]*|{NAME})"
+LITERAL = rf"[a-z0-9][a-z0-9.-]*(?:\|{VALUE})*"   # the values an option takes: md|json, or auto|N with a NAME
 PLACEHOLDER = re.compile(rf"(?:{NAME}|{LITERAL})")
 USAGE_PIECE = re.compile(rf"(?:{NAME}|\[{NAME}\]|{LITERAL}|\[OPTIONS\]|COMMAND|\[ARGS\])(?:\.\.\.)?")
 
@@ -159,7 +164,7 @@ def _markdown_by_default(phrase: str, at: At) -> None:
 def _loopback(phrase: str, at: At) -> None:
     import ipaddress
 
-    assert phrase == "loopback" and ipaddress.ip_address(at.param.default).is_loopback
+    assert phrase == f"{at.param.default}, loopback only" and ipaddress.ip_address(at.param.default).is_loopback
 
 
 def _no_cap(phrase: str, at: At) -> None:
@@ -185,6 +190,21 @@ def _unconstrained(phrase: str, at: At) -> None:
 
 def _no_worker_cache(phrase: str, at: At) -> None:
     assert phrase == "no cache" and at.param.default is None
+
+
+def _no_cors(phrase: str, at: At) -> None:
+    # None: the server gets no origins (`tuple(cors_origin or ())`) and sends no CORS headers
+    assert phrase == "no CORS" and at.param.default is None
+
+
+def _declared(phrase: str, at: At) -> None:
+    """A default written for an option declared with one: that one (Typer passes it). A flag pair
+    (--chat/--raw) names its side."""
+    param = at.param
+    if param.is_flag and param.secondary_opts:
+        assert phrase == (param.opts if param.default else param.secondary_opts)[0], (phrase, param.default)
+    else:
+        _value(lambda: param.default)(phrase, at)
 
 
 def _value(get: Callable) -> Callable:
@@ -215,6 +235,7 @@ REAL_DEFAULTS: dict[str, Callable[[str, At], None]] = {
     "serve --host": _loopback,
     "worker --host": _loopback,
     "worker --cache-dir": _no_worker_cache,
+    "serve --cors-origin": _no_cors,
     "worker --device": _gpus_else_cpu,
     "--tensor-split": _by_free_memory,
     "--split-mode": _value(lambda: resolved().load.target_placement.split_mode),
@@ -234,11 +255,20 @@ REAL_DEFAULTS: dict[str, Callable[[str, At], None]] = {
     "--format": _unconstrained,
 }
 """Option (or "command option", which wins) -> a check of a default written in the help's words
-against what the code does when the option is not given."""
+against what the code does when the option is not given. An option declared with a default and
+not listed here is checked against that (`_declared`)."""
 
 
-def real_default_check(path: tuple[str, ...], option: str) -> Callable | None:
-    return REAL_DEFAULTS.get(" ".join((*path, option))) or REAL_DEFAULTS.get(option)
+def real_default_check(path: tuple[str, ...], option: str, param=None) -> Callable | None:
+    found = REAL_DEFAULTS.get(" ".join((*path, option))) or REAL_DEFAULTS.get(option)
+    return found or (_declared if param is not None and param.default is not None else None)
+
+
+def declares_a_default(param) -> bool:
+    """Whether an option has a default its help must state: not None, nor a lone flag's off."""
+    if param.default is None or param.default in ((), []):
+        return False
+    return not (param.is_flag and not param.secondary_opts and param.default is False)
 
 
 def typer_shown(param) -> str:
@@ -269,7 +299,7 @@ def test_each_shown_default_is_the_real_one(path, model_paths, store):
                 if want is not None:
                     assert want in [int(n) for n in re.findall(r"\d+", phrase)], (phrase, want)
                 continue
-            check = real_default_check(path, name)
+            check = real_default_check(path, name, param)
             assert check is not None, (
                 f"{' '.join(path)} {name} shows the default {phrase!r} in words: add the code's real "
                 "default to REAL_DEFAULTS in tests/test_help.py")
@@ -334,3 +364,73 @@ def test_threads_hook_is_filled_once_the_help_shows_a_number():
         if re.search(r"\(default:? \d|\[default: \d", phrase) and threads_default(path) is None:
             pytest.fail(f"{' '.join(path)} --threads shows a computed default ({phrase!r}): "
                         "fill in threads_default in tests/test_help.py")
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_defaults_are_shown_one_way(path):
+    """Every default in the help's words, none in Typer's `[default: X]`: an option declared with a
+    default says it (what it says is checked above)."""
+    text = help_of(path)
+    assert not TYPER_DEFAULT.search(text), f"Typer's own default shown: {TYPER_DEFAULT.search(text).group(0)}"
+    table = rows(text)
+    for param in options(path):
+        if declares_a_default(param):
+            row = " ".join(table[long_name(param)])
+            assert WRITTEN_DEFAULT.search(row), f"{long_name(param)}: its default {param.default!r} is not in its help"
+
+
+# ---- panels ---------------------------------------------------------------------------------------
+
+MODEL_COMMANDS = ("generate", "chat", "serve", "bench")
+
+
+def panels(text: str) -> dict[str, list[str]]:
+    """{panel title: the first names of its rows, in order} of a rendered help."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        inner = line.strip()
+        if inner.startswith("╭─"):
+            current = out.setdefault(inner.strip("╭─╮ "), [])
+        elif current is not None and inner.startswith("│") and inner.endswith("│"):
+            cells = re.split(r"\s{2,}", inner.strip("│").strip())
+            current.append(cells[1] if cells[0] == "*" else cells[0])
+    return out
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_the_shared_options_are_in_panels_after_the_commands_own(command):
+    from localspec.cli.panels import ORDER
+
+    shown = panels(help_of((command,)))
+    titles = [t for t in shown if t != "Arguments"]
+    assert titles == ["Options", *ORDER], titles
+    own = shown["Options"]
+    assert own[-1] == "--help" and len(own) <= 12, own
+    shared = {name for title in ORDER for name in shown[title]}
+    assert not shared & set(own)
+
+
+def test_each_shared_option_is_in_the_same_panel_in_every_command():
+    where: dict[str, set[str]] = {}
+    for command in MODEL_COMMANDS:
+        for title, names in panels(help_of((command,))).items():
+            for name in names:
+                where.setdefault(name, set()).add(title)
+    assert {name: titles for name, titles in where.items() if len(titles) > 1} == {}
+
+
+def test_generate_shows_what_a_first_run_needs_first():
+    shown = panels(help_of(("generate",)))
+    assert list(shown)[:2] == ["Arguments", "Options"]
+    assert shown["Options"][:3] == ["--max-tokens", "--system", "--stop"]
+    assert shown["Speculation"][:3] == ["--drafter", "--draft-tokens", "--tree"]
+
+
+@pytest.mark.parametrize("option, values", [("--drafter", "|".join(DRAFTERS)), ("--stable-shapes", "auto|on|off"),
+                                            ("--flash-attn", "auto|on|off"), ("--split-mode", "none|layer|row|tensor"),
+                                            ("--format", "text|json"), ("--tree", "auto|off|SHAPE"),
+                                            ("--draft-tokens", "auto|N")])
+def test_options_show_the_values_they_take(option, values):
+    for command in ("generate", "chat", "serve"):
+        assert values in rows(help_of((command,)))[option], (command, option)

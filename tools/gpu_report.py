@@ -6,9 +6,9 @@ steps.tsv, log.txt, llama-bench.json, gpu_bench.json, concurrency.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 
@@ -144,4 +144,6 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", metavar="OUT", help="the folder a run of tools/gpu_check.sh left its files in")
+    main(ap.parse_args().out)

@@ -8,7 +8,7 @@ target-side host ms per step and per verified row, and the draft side's per draf
 
 from __future__ import annotations
 
-import sys
+import argparse
 from dataclasses import replace
 
 from localspec.bench.run import load_prompts
@@ -52,4 +52,7 @@ def main(which: str = "smollm2", max_tokens: int = 96) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("which", nargs="?", default="smollm2", choices=("smollm2", "gemma"),
+                    help="the built-in pair to measure (default smollm2)")
+    main(ap.parse_args().which)

@@ -2,7 +2,7 @@
 
 At T = 0 the output is plain greedy decoding, so for every position of every bench prompt we can
 say afterwards how many tokens each drafter would have had accepted there: prompt lookup's
-candidate (localspec.lookup.NGramStore, as `--drafter lookup` builds it) and the draft model's
+candidate (localspec.decoding.lookup.NGramStore, as `--drafter lookup` builds it) and the draft model's
 greedy draft, both up to K tokens. With the verify and draft costs timed on this machine, a
 dynamic programme then finds the fastest schedule of steps that knows all of that in advance:
 lookup only, model only, either per step, and either or a lookup prefix extended by the model.
@@ -29,12 +29,12 @@ LAG_CAP = 20
 
 
 def collect(max_tokens: int, out: str) -> None:
-    from localspec.bench import load_prompts
+    from localspec.bench.run import load_prompts
     from localspec.config import DecodeConfig, SamplingConfig
-    from localspec.decoder import generate_steps
-    from localspec.lookup import NGramStore
-    from localspec.prefix import common_prefix
-    from localspec.session import LoadConfig, Session
+    from localspec.decoding.decoder import generate_steps
+    from localspec.decoding.lookup import NGramStore
+    from localspec.loading.session import LoadConfig, Session
+    from localspec.tokens import common_prefix
 
     session = Session.load(LoadConfig(drafter="auto"))
     target, draft = session.target, session.draft

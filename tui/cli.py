@@ -15,21 +15,21 @@ def register(app: typer.Typer) -> None:
 
 @o.with_options(o.models_for("chat"), o.SAMPLING)
 def chat(
-    options: dict = None,
-    k: o.DraftTokens = None,
-    tree: o.Tree = o.TREE_DEFAULT,
     max_tokens: Optional[int] = typer.Option(
-        None, "--max-tokens", show_default=False,
+        None, "--max-tokens",
         help="Stop a reply after this many tokens (default: no cap; a reply runs until the model stops or the "
              "context is full, and /continue goes on after a cap)."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
-    no_warm_start: o.NoWarmStart = False,
     no_save: bool = typer.Option(False, "--no-save", help="Do not save this conversation (see `localspec history`)."),
     # A flag and an argument, not an option with an optional value (which this Typer cannot
     # declare): `--resume` alone is the last conversation, `--resume 3` conversation 3.
     resume: bool = typer.Option(False, "--resume", help="Continue a saved conversation: the last one, or ID."),
-    conv_id: Optional[str] = typer.Argument(None, metavar="ID", show_default=False,
+    conv_id: Optional[str] = typer.Argument(None, metavar="ID",
                                             help="With --resume: a conversation id from `localspec history`."),
+    options: dict = None,
+    k: o.DraftTokens = None,
+    tree: o.Tree = o.TREE_DEFAULT,
+    no_warm_start: o.NoWarmStart = False,
 ) -> None:
     """Chat in the terminal, watching speculation work: α, k, tokens/s and which words the draft wrote.
     Conversations are saved (`localspec history` lists them; Ctrl+O in the chat)."""

@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import crash, options as o
+from .help_style import plain_help
 from .options import Resolved, fail
 from .constraint_options import DraftMask
 from localspec.config import ConfigError, DecodeConfig
@@ -27,11 +28,11 @@ class _ReaderGone(Exception):
 class _Group(TyperGroup):
     """The root command: a BrokenPipeError from any command becomes `_ReaderGone` here, inside
     Click's main, whose own handler would otherwise turn it into exit code 1. Its help and that of
-    every command under it show one style of placeholder (`cli_options.plain_placeholders`)."""
+    every command under it show one style of placeholder and of default (`help_style.plain_help`)."""
 
     def __init__(self, **attrs):
         super().__init__(**attrs)
-        o.plain_placeholders(self)
+        plain_help(self)
 
     def invoke(self, ctx):
         try:
@@ -72,19 +73,19 @@ def read_prompt(prompt: str) -> str:
 @o.with_options(o.MODELS, o.SAMPLING)
 def generate(
     prompt: str = typer.Argument(..., help="The prompt; '-' reads it from stdin."),
-    options: dict = None,
-    k: o.DraftTokens = None,
-    tree: o.Tree = o.TREE_DEFAULT,
-    max_tokens: o.MaxTokens = 256,
+    max_tokens: int = o.max_tokens(256),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat mode)."),
+    stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     chat: o.ChatTemplate = True,
     special: bool = typer.Option(
         True, "--special/--no-special",
         help="With --raw: read special-token text such as <|im_start|> as those tokens, as llama.cpp "
-             "does, or as plain text."),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat mode)."),
-    stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
-    no_warm_start: o.NoWarmStart = False,
+             "does, or as plain text (default --special)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    options: dict = None,
+    k: o.DraftTokens = None,
+    tree: o.Tree = o.TREE_DEFAULT,
+    no_warm_start: o.NoWarmStart = False,
     draft_mask: DraftMask = True,
 ) -> None:
     """Generate text with speculative decoding; the output is distributed exactly as the target's."""
@@ -142,10 +143,12 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
     start = time.perf_counter()
     cpus_before = machine.sample()   # did llama.cpp's threads get their cores during the run?
     first_step_at = None
+    stop_string = False
     for chunk in stream_text(target, drafter, tokens, opts.sampling, decode, controller):
         if first_step_at is None:
             first_step_at = time.perf_counter() - start - chunk.step.t_draft - chunk.step.t_verify - chunk.step.t_python
         stats.add(chunk.step)
+        stop_string = stop_string or chunk.stopped
         out_tokens.extend(chunk.tokens)
         pieces.append(chunk.text)
         if not as_json and chunk.text:
@@ -156,6 +159,7 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
         "tokens": out_tokens,
         **stats.summary(),
         "prefill_seconds": first_step_at,
+        "stop_string": stop_string,
         "n_prompt_tokens": len(tokens),
         "acceptance_by_position": stats.acceptance_by_position(),
         "drafter": session.drafter_kind,
@@ -176,6 +180,21 @@ def _run(session, text, opts: Resolved, decode: DecodeConfig, chat: bool, system
     return result
 
 
+ENDED = {"length": "--max-tokens reached", "context": "context full"}
+"""How the summary line says why generation ended, by the decoder's finish (besides "stop")."""
+
+
+def ended(r: dict) -> str:
+    """Why the run of result `r` ended. The decoder's "stop" is a --stop string (the stream saw it)
+    or the end of text, which under a grammar it allows only once the grammar is complete."""
+    finish = r.get("finish")
+    if finish != "stop":
+        return ENDED.get(finish, str(finish))
+    if r.get("stop_string"):
+        return "stop string"
+    return "grammar complete" if r.get("grammar") else "end of text"
+
+
 def summary_line(r: dict) -> str:
     # α (accepted / tested positions) is what E(α, k) uses; draft efficiency (accepted / drafted)
     # is lower because positions after a rejection are drafted but never tested.
@@ -189,7 +208,8 @@ def summary_line(r: dict) -> str:
     trees = f" ({tree['tree_steps']} of {r['n_steps']} steps)" if tree["tree_steps"] else ""
     return (
         f"α {alpha} · draft efficiency {eff} · {r['tokens_per_step'] or 0:.2f} tokens/target pass · "
-        f"{tps:.1f} tokens/s · {r['n_steps']} steps · {r['n_tokens']} tokens · drafter {drafter} · k {r['k']} · "
+        f"{tps:.1f} tokens/s · {r['n_steps']} steps · {r['n_tokens']} tokens ({ended(r)}) · "
+        f"drafter {drafter} · k {r['k']} · "
         f"tree {tree['setting']}{trees}"
     )
 

@@ -10,6 +10,7 @@ from typer.core import TyperCommand
 
 from . import options as o
 from .constraint_options import DraftMask
+from .panels import SPECULATION
 
 CATEGORY_HELP = "Only this category (repeatable): {names} in the built-in suite, or those of --prompts."
 
@@ -35,28 +36,20 @@ def register(app: typer.Typer) -> None:
     @app.command("bench", cls=_BenchCommand)
     @o.with_options(o.MODELS, o.SAMPLING)
     def bench_command(
-        options: dict = None,
-        k: Optional[str] = typer.Option(
-            None, "-k", "--draft-tokens",
-            help="Draft tokens per step: N, 'auto' (default), or a sweep like 1,2,4,8 (one variant each).",
-        ),  # a sweep: its own declaration
-        tree: str = typer.Option(
-            o.TREE_DEFAULT, "--tree",
-            help="Draft trees: auto, off or SHAPE, as for generate. Not off: each speculative variant (auto's, "
-                 "under --drafter auto) runs twice, interleaved, as chains and with trees, set against each other."),
-        max_tokens: o.MaxTokens = 128,
+        max_tokens: int = o.max_tokens(128),
         chat: o.ChatTemplate = True,
         prompts: Optional[str] = typer.Option(
             None, "--prompts", metavar="FILE",
             help='Your own suite, JSON lines: one {"category": ..., "prompt": ..., "max_tokens": N} per line.',
         ),
-        repeat: int = typer.Option(1, "--repeat", help="Run the suite N times."),
+        repeat: int = typer.Option(1, "--repeat", help="Run the suite N times (default 1)."),
         category: Optional[List[str]] = typer.Option(None, "--category", help="Only this category (repeatable)."),
         compare: Optional[str] = typer.Option(
             None, "--compare", metavar="llama-cpp-python",
             help="Also time llama-cpp-python's own Llama.generate, plain and with prompt lookup.",
         ),
-        warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One uncounted warm-up run per variant."),
+        warmup: bool = typer.Option(
+            True, "--warmup/--no-warmup", help="One uncounted warm-up run per variant (default --warmup)."),
         concurrency: Optional[str] = typer.Option(
             None, "--concurrency", metavar="LEVELS",
             help="Run the suite with this many generations at once (a comma list like 1,2,4: one level each), plain batched "
@@ -65,9 +58,19 @@ def register(app: typer.Typer) -> None:
             False, "--constraints",
             help="JSON extraction (prompts with a schema: the json category) five ways, interleaved: plain and "
                  "speculative unconstrained, and under the schema plain, with the draft masked, and unmasked."),
-        draft_mask: DraftMask = True,
-        no_warm_start: o.NoWarmStart = False,
         as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON (schema: docs/bench-schema.md)."),
+        options: dict = None,
+        k: Optional[str] = typer.Option(
+            None, "-k", "--draft-tokens", metavar="auto|N|SWEEP", rich_help_panel=SPECULATION,
+            help="Draft tokens per step: auto, a number N, or a SWEEP like 1,2,4,8 (one variant each) (default auto).",
+        ),  # a sweep: its own declaration
+        tree: str = typer.Option(
+            o.TREE_DEFAULT, "--tree", metavar="auto|off|SHAPE", rich_help_panel=SPECULATION,
+            help=f"Draft trees: auto, off or a SHAPE like 2,2, as for generate. Not off: each speculative variant (auto's, "
+                 f"under --drafter auto) runs twice, interleaved, as chains and with trees, set against each other "
+                 f"(default {o.TREE_DEFAULT})."),
+        no_warm_start: o.NoWarmStart = False,
+        draft_mask: DraftMask = True,
     ) -> None:
         """Benchmark plain vs speculative decoding on a prompt suite: α, tokens/s, speedup, bound."""
         from dataclasses import replace

@@ -15,20 +15,25 @@ from typing import Annotated, Optional
 import typer
 
 from localspec.config import ConfigError
+from .panels import CONSTRAINTS as PANEL
 
 MAX_GRAMMAR_BYTES = 1 << 20   # a grammar or schema file past 1 MiB is not one a person wrote
 
 FORMATS = ("text", "json")
 
 Grammar = Annotated[Optional[str], typer.Option(
-    "--grammar", metavar="FILE", help="GBNF grammar file (llama.cpp's format) the output must match.")]
+    "--grammar", metavar="FILE", rich_help_panel=PANEL,
+    help="GBNF grammar file (llama.cpp's format) the output must match.")]
 JsonSchema = Annotated[Optional[str], typer.Option(
-    "--json-schema", metavar="SCHEMA", help="JSON schema the output must match: a file, or the schema itself.")]
+    "--json-schema", metavar="SCHEMA", rich_help_panel=PANEL,
+    help="JSON schema the output must match: a file, or the schema itself.")]
 Format = Annotated[Optional[str], typer.Option(
-    "--format", metavar="text|json", help="json: the output is one JSON object (default text).")]
+    "--format", metavar="|".join(FORMATS), rich_help_panel=PANEL,
+    help="json: the output is one JSON object (default text).")]
 DraftMask = Annotated[bool, typer.Option(
-    "--draft-mask/--no-draft-mask", help="Under a grammar, mask the draft's rows too (raises α; "
-                                         "the output's law is the same either way).")]
+    "--draft-mask/--no-draft-mask", rich_help_panel=PANEL,
+    help="Under a grammar, mask the draft's rows too (raises α; the output's law is the same either way) "
+         "(default --draft-mask).")]
 
 CONSTRAINTS = {"grammar": Grammar, "json_schema": JsonSchema, "format": Format}
 """The output constraints; part of every command's sampling options."""

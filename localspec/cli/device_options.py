@@ -9,38 +9,46 @@ from typing import Annotated, Any, Mapping, Optional
 import typer
 
 from localspec.config import CACHE_TYPES, N_BATCH, Placement, parse_list
+from .panels import DEVICES
 
 Rpc = Annotated[Optional[str], typer.Option(
-    "--rpc", metavar="WORKERS", help=(
+    "--rpc", metavar="WORKERS", rich_help_panel=DEVICES, help=(
         "llama.cpp RPC workers, HOST:PORT[,HOST:PORT...] (`localspec worker`, or llama.cpp's rpc-server), that "
         "hold the target's layers, ahead of local GPUs; the draft stays local."))]
 TensorSplit = Annotated[Optional[str], typer.Option(
-    "--tensor-split", metavar="PROPORTIONS", help=(
+    "--tensor-split", metavar="PROPORTIONS", rich_help_panel=DEVICES, help=(
         "Proportion of the target per device, in llama.cpp's order (RPC workers first), e.g. 3,1 "
         "(default: by free memory)."))]
 SplitMode = Annotated[Optional[str], typer.Option(
-    "--split-mode", metavar="none|layer|row|tensor",
-    help="How the target spreads over devices: one only, layers (default), rows, tensor parallel.")]
+    "--split-mode", metavar="none|layer|row|tensor", rich_help_panel=DEVICES,
+    help="How the target spreads over devices: none (one device), layer (by layers), row (by rows), tensor "
+         "(tensor parallel) (default layer).")]
 MainGpu = Annotated[Optional[int], typer.Option(
-    "--main-gpu", help="The target's device with --split-mode none, or for row's intermediate results (default 0).")]
+    "--main-gpu", rich_help_panel=DEVICES,
+    help="The target's device with --split-mode none, or for row's intermediate results (default 0).")]
 FlashAttn = Annotated[Optional[str], typer.Option(
-    "--flash-attn", metavar="auto|on|off", help="Flash attention for both models (default auto: llama.cpp decides).")]
+    "--flash-attn", metavar="auto|on|off", rich_help_panel=DEVICES,
+    help="Flash attention for both models (default auto: llama.cpp decides).")]
 CacheTypeK = Annotated[Optional[str], typer.Option(
-    "--cache-type-k", metavar="TYPE",
+    "--cache-type-k", metavar="TYPE", rich_help_panel=DEVICES,
     help=f"The target's KV cache keys: {', '.join(CACHE_TYPES)} (default f16).")]
 CacheTypeV = Annotated[Optional[str], typer.Option(
-    "--cache-type-v", metavar="TYPE", help="The target's KV cache values (default f16; quantized needs flash attention).")]
+    "--cache-type-v", metavar="TYPE", rich_help_panel=DEVICES,
+    help="The target's KV cache values, a type as for --cache-type-k (default f16; quantized needs flash attention).")]
 DraftCacheTypeK = Annotated[Optional[str], typer.Option(
-    "--draft-cache-type-k", metavar="TYPE", help="The draft's KV cache keys (default f16).")]
+    "--draft-cache-type-k", metavar="TYPE", rich_help_panel=DEVICES,
+    help="The draft's KV cache keys, a type as for --cache-type-k (default f16).")]
 DraftCacheTypeV = Annotated[Optional[str], typer.Option(
-    "--draft-cache-type-v", metavar="TYPE", help="The draft's KV cache values (default f16).")]
+    "--draft-cache-type-v", metavar="TYPE", rich_help_panel=DEVICES,
+    help="The draft's KV cache values, a type as for --cache-type-k (default f16).")]
 StableShapes = Annotated[Optional[str], typer.Option(
-    "--stable-shapes", metavar="auto|on|off", help=(
-        "Pad both models' small decodes to a few fixed sizes so that GPU graphs replay (default auto: on "
-        "where layers are on a CUDA GPU); the output is the same."))]
+    "--stable-shapes", metavar="auto|on|off", rich_help_panel=DEVICES, help=(
+        "Pad both models' small decodes to a few fixed sizes so that GPU graphs replay; the output is the same "
+        "(default auto: on where layers are on a CUDA GPU)."))]
 NBatch = Annotated[Optional[int], typer.Option(
-    "--n-batch", help=f"Most tokens one llama_decode takes, for both models (default {N_BATCH}; prompts are "
-                      f"read in pieces of this size).")]
+    "--n-batch", rich_help_panel=DEVICES,
+    help=f"Most tokens one llama_decode takes, for both models; prompts are read in pieces of this size "
+         f"(default {N_BATCH}).")]
 
 DEVICE_OPTIONS = ("rpc", "tensor_split", "split_mode", "main_gpu", "flash_attn", "cache_type_k",
                   "cache_type_v", "draft_cache_type_k", "draft_cache_type_v", "stable_shapes", "n_batch")

@@ -21,9 +21,10 @@ def register(app: typer.Typer) -> None:
     def doctor_command(
         options: dict = None,
         drafter: Optional[str] = typer.Option(
-            None, "--drafter", help="Measure only this drafter: model | lookup | none (default: every one available)."
-        ),
-        seconds: float = typer.Option(20.0, "--seconds", help="Calibration time budget; 0 skips calibration."),
+            None, "--drafter", metavar="auto|model|lookup|none",
+            help="Measure only this drafter; auto: the two it chooses between (default: every one available)."),
+        seconds: float = typer.Option(
+            20.0, "--seconds", help="Calibration time budget in seconds, 0 skips calibration (default 20)."),
         temperature: Optional[float] = typer.Option(None, "--temperature", help="Temperature to measure α at (default: the preset's or 0.8)."),
         forget: bool = typer.Option(False, "--forget", help="Delete what the k controller learned on this pair and machine (its warm start)."),
         save_anyway: bool = typer.Option(False, "--save-anyway", help=(

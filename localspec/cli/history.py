@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
     def list_command(
         ctx: typer.Context,
         as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
-        limit: int = typer.Option(20, "--limit", help="Show at most this many, newest first (0 = all)."),
+        limit: int = typer.Option(20, "--limit", help="Show at most this many, newest first, 0 = all (default 20)."),
     ) -> None:
         """List saved conversations, most recently updated first (`show`, `rm`, `export` below)."""
         if ctx.invoked_subcommand is not None:

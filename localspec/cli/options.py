@@ -18,38 +18,55 @@ from typing import Annotated, Any, Callable, List, Mapping, NoReturn, Optional
 
 import typer
 
-from localspec.config import MAX_BRANCHES, MAX_DRAFT, NEEDS_DRAFT, ConfigError, DecodeConfig, SamplingConfig, parse_tree
+from localspec.config import (DRAFTERS, MAX_BRANCHES, MAX_DRAFT, NEEDS_DRAFT, ConfigError, DecodeConfig, SamplingConfig,
+                              parse_tree)
 from localspec.loading.defaults import MAX_SHOWN, TARGET_FILE, shown
 from .constraint_options import CONSTRAINTS, grammar_of
 from .device_options import (DEVICE_OPTIONS, CacheTypeK, CacheTypeV, DraftCacheTypeK, DraftCacheTypeV, FlashAttn, MainGpu,
                              NBatch, Rpc, SplitMode, StableShapes, TensorSplit, placements)
+from .panels import DEVICES, MODEL, ORDER as PANEL_ORDER, SAMPLING as SAMPLING_PANEL, SPECULATION
 
 Target = Annotated[Optional[str], typer.Option(
-    "--target", help=f"Target GGUF (default: {TARGET_FILE}, the embedded model, made once into the cache).")]
-Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF sharing the target's tokenizer.")]
+    "--target", rich_help_panel=MODEL,
+    help=f"Target GGUF (default: {TARGET_FILE}, the embedded model, made once into the cache).")]
+Draft = Annotated[Optional[str], typer.Option(
+    "--draft", rich_help_panel=MODEL, help="Draft GGUF sharing the target's tokenizer.")]
 Drafter = Annotated[Optional[str], typer.Option(
-    "--drafter", help="auto | model | lookup | none (default: auto when a draft is available, else lookup).")]
+    "--drafter", metavar="|".join(DRAFTERS), rich_help_panel=SPECULATION,
+    help="Who drafts: the draft model, prompt lookup, auto (the best of them, or plain, per step) or none "
+         "(plain decoding) "
+         "(default: auto when a draft is available, else lookup).")]
 DraftTokens = Annotated[Optional[str], typer.Option(
-    "-k", "--draft-tokens", help="Draft tokens per step: N or 'auto' (default).")]
+    "-k", "--draft-tokens", metavar="auto|N", rich_help_panel=SPECULATION,
+    help=f"Draft tokens per step: auto (the controller chooses) or a number N, 0-{MAX_DRAFT} (default auto).")]
 TREE_DEFAULT = "auto"
 """--tree when not given, on generate, chat, serve and bench (doctor measures chains)."""
 Tree = Annotated[str, typer.Option(
-    "--tree", help=(f"Draft trees: auto (the controller chooses per step), off (chains only), or SHAPE, the "
-                    f"branching per depth: 3,2,1,1 = 3 children of the root, 2 under each of those, then "
-                    f"chains; at most {MAX_BRANCHES} branches."))]
+    "--tree", metavar="auto|off|SHAPE", rich_help_panel=SPECULATION, help=(
+        f"Draft trees: auto (the controller chooses per step), off (chains only), or a SHAPE like 3,2,1,1, "
+        f"the branching per depth: 3 children of the root, 2 under each of those, then chains; at most "
+        f"{MAX_BRANCHES} branches (default {TREE_DEFAULT})."))]
 # The sampling defaults are SamplingConfig's, which `resolve_options` applies.
 Temperature = Annotated[Optional[float], typer.Option(
-    "--temperature", help=f"0 = greedy (default {SamplingConfig.temperature:g}).")]
+    "--temperature", rich_help_panel=SAMPLING_PANEL,
+    help=f"Sampling temperature, 0 = greedy (default {SamplingConfig.temperature:g}).")]
 TopK = Annotated[Optional[int], typer.Option(
-    "--top-k", help=f"Top-k truncation, 0 = off (default {SamplingConfig.top_k}).")]
+    "--top-k", rich_help_panel=SAMPLING_PANEL, help=f"Top-k truncation, 0 = off (default {SamplingConfig.top_k}).")]
 TopP = Annotated[Optional[float], typer.Option(
-    "--top-p", help=f"Nucleus truncation, 1 = off (default {SamplingConfig.top_p:g}).")]
+    "--top-p", rich_help_panel=SAMPLING_PANEL, help=f"Nucleus truncation, 1 = off (default {SamplingConfig.top_p:g}).")]
 MinP = Annotated[Optional[float], typer.Option(
-    "--min-p", help=f"Min-p truncation, 0 = off (default {SamplingConfig.min_p:g}).")]
+    "--min-p", rich_help_panel=SAMPLING_PANEL, help=f"Min-p truncation, 0 = off (default {SamplingConfig.min_p:g}).")]
 Seed = Annotated[Optional[int], typer.Option(
-    "--seed", help="Random seed; -1 or none = random (the seed used is reported in --json).")]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Stop after this many tokens.")]
-NCtx = Annotated[Optional[int], typer.Option("--n-ctx", help="Context length (default 4096).")]
+    "--seed", rich_help_panel=SAMPLING_PANEL,
+    help="Random seed; -1 or none = random (the seed used is reported in --json).")]
+
+
+def max_tokens(default: int) -> Any:
+    """--max-tokens with `default`, which differs between commands (its help says which)."""
+    return typer.Option(default, "--max-tokens", help=f"Stop after this many tokens (default {default}).")
+
+
+NCtx = Annotated[Optional[int], typer.Option("--n-ctx", rich_help_panel=MODEL, help="Context length (default 4096).")]
 RESERVE = {"chat": (1, "the screen"), "serve": (1, "the event loop")}
 """Cores a command leaves free when it picks the thread count, and for what: the chat's screen and
 the server's event loop run beside decoding, and one of llama.cpp's spin-waiting threads that they
@@ -67,21 +84,22 @@ def threads_default(command: str) -> int:
 def _threads_option(command: str) -> Any:
     reserve, whom = RESERVE.get(command, (0, ""))
     leave = f", leaving a core to {whom}" if reserve else ""
-    return Annotated[Optional[int], typer.Option("--threads", help=(
+    return Annotated[Optional[int], typer.Option("--threads", rich_help_panel=DEVICES, help=(
         f"CPU threads (default: {threads_default(command)} here{leave}; fewer while other work keeps cores busy)."))]
 
 
 Threads = _threads_option("generate")
 TargetGpuLayers = Annotated[Optional[int], typer.Option(
-    "--target-gpu-layers", help="Target layers on the GPU, -1 = all (default -1).")]
+    "--target-gpu-layers", rich_help_panel=DEVICES, help="Target layers on the GPU, -1 = all (default -1).")]
 DraftGpuLayers = Annotated[Optional[int], typer.Option(
-    "--draft-gpu-layers", help="Draft layers on the GPU, -1 = all (default -1).")]
+    "--draft-gpu-layers", rich_help_panel=DEVICES, help="Draft layers on the GPU, -1 = all (default -1).")]
 ChatTemplate = Annotated[bool, typer.Option(
-    "--chat/--raw", help="Apply the GGUF's chat template, or send raw text.")]
+    "--chat/--raw", help="Apply the GGUF's chat template, or send raw text (default --chat).")]
 Preset = Annotated[Optional[str], typer.Option(
-    "--preset", help="Model preset from `localspec models`; flags override it.")]
+    "--preset", rich_help_panel=MODEL, help="Model preset from `localspec models`; flags override it.")]
 NoWarmStart = Annotated[bool, typer.Option(
-    "--no-warm-start", help="Start the k controller from nothing: neither read nor save what earlier runs learned.")]
+    "--no-warm-start", rich_help_panel=SPECULATION,
+    help="Start the k controller from nothing: neither read nor save what earlier runs learned.")]
 
 MODELS = {"preset": Preset, "target": Target, "draft": Draft, "n_ctx": NCtx, "threads": Threads,
           "target_gpu_layers": TargetGpuLayers, "draft_gpu_layers": DraftGpuLayers,
@@ -98,19 +116,22 @@ def models_for(command: str) -> dict:
 
 
 RepeatPenalty = Annotated[Optional[float], typer.Option(
-    "--repeat-penalty", help=f"Divide the logits of recent tokens (multiply negative ones) by this, as llama.cpp; "
-                             f"1 = off (default {SamplingConfig.repeat_penalty:g}).")]
+    "--repeat-penalty", rich_help_panel=SAMPLING_PANEL,
+    help=f"Divide the logits of recent tokens (multiply negative ones) by this, as llama.cpp; 1 = off "
+         f"(default {SamplingConfig.repeat_penalty:g}).")]
 RepeatLastN = Annotated[Optional[int], typer.Option(
-    "--repeat-last-n", help=f"Latest tokens (prompt and output) the penalties look at; -1 = all, 0 = none "
-                            f"(default {SamplingConfig.repeat_last_n}).")]
+    "--repeat-last-n", rich_help_panel=SAMPLING_PANEL,
+    help=f"Latest tokens (prompt and output) the penalties look at; -1 = all, 0 = none "
+         f"(default {SamplingConfig.repeat_last_n}).")]
 PresencePenalty = Annotated[Optional[float], typer.Option(
-    "--presence-penalty", help=f"Subtract this from the logit of each token in that window "
-                               f"(default {SamplingConfig.presence_penalty:g}).")]
+    "--presence-penalty", rich_help_panel=SAMPLING_PANEL,
+    help=f"Subtract this from the logit of each token in that window (default {SamplingConfig.presence_penalty:g}).")]
 FrequencyPenalty = Annotated[Optional[float], typer.Option(
-    "--frequency-penalty", help=f"Subtract this once per occurrence in that window "
-                                f"(default {SamplingConfig.frequency_penalty:g}).")]
+    "--frequency-penalty", rich_help_panel=SAMPLING_PANEL,
+    help=f"Subtract this once per occurrence in that window (default {SamplingConfig.frequency_penalty:g}).")]
 LogitBias = Annotated[Optional[List[str]], typer.Option(
-    "--logit-bias", metavar="BIAS", help="TOKEN=BIAS: add BIAS to token id TOKEN's logit (-inf bans it); repeatable.")]
+    "--logit-bias", metavar="BIAS", rich_help_panel=SAMPLING_PANEL,
+    help="TOKEN=BIAS: add BIAS to token id TOKEN's logit (-inf bans it); repeatable.")]
 
 SAMPLING = {"drafter": Drafter, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "min_p": MinP,
             "seed": Seed, "repeat_penalty": RepeatPenalty, "repeat_last_n": RepeatLastN,
@@ -123,8 +144,11 @@ MODEL_OPTIONS = (*MODELS, *SAMPLING, "k")
 
 def with_options(*groups: Mapping[str, Any]) -> Callable:
     """Give a Typer command the options of `groups`, declared once above, where its parameter
-    `options` stands; the command receives their values as one dict in `options`."""
-    declared = {name: kind for group in groups for name, kind in group.items()}
+    `options` stands; the command receives their values as one dict in `options`. They are
+    declared panel by panel (`panels.ORDER`), which is the order --help shows the panels in."""
+    rank = {panel: i for i, panel in enumerate(PANEL_ORDER)}
+    declared = dict(sorted(((name, kind) for group in groups for name, kind in group.items()),
+                           key=lambda item: rank.get(typing.get_args(item[1])[1].rich_help_panel, -1)))
 
     def decorate(func: Callable) -> Callable:
         sig = inspect.signature(func, eval_str=True)
@@ -145,56 +169,6 @@ def with_options(*groups: Mapping[str, Any]) -> Callable:
         return command
 
     return decorate
-
-
-def plain_placeholders(command: Any) -> None:
-    """One style of placeholder in `command`'s help and usage lines, and in those of its
-    subcommands: an argument is its name in capitals, in brackets when it may be left out
-    (PROMPT, ID, [FILE]); an option's value is its metavar (FILE, or the literal values it takes)
-    or else its type as Click names it (INTEGER, FLOAT, TEXT); a flag has none. Typer's own
-    (`<bool>` on every flag, `{prompt}` beside `{ID}`, `[[FILE]]`) says less and changes between
-    its releases; the root command applies this once, to every command, at start."""
-    for param in command.params:
-        _plain(param)
-    context = getattr(command, "context_class", None)
-    if context is not None and hasattr(command, "get_help_option"):   # --help, made per command
-        help_option = command.get_help_option(context(command))
-        if help_option is not None:
-            _plain(help_option)
-    for sub in getattr(command, "commands", {}).values():
-        plain_placeholders(sub)
-
-
-def _plain(param: Any) -> None:
-    if param.param_type_name == "argument":
-        raw = (param.metavar or param.name or "").strip("[]{}")
-        label = raw if "|" in raw else raw.upper()   # md|json: the literal values, as typed
-        shown = (label if param.required else f"[{label}]") + ("..." if param.nargs != 1 else "")
-        param.metavar = label
-        # The usage line: Typer wraps a required argument in braces, and Click's older releases
-        # show a metavar as given, brackets or not.
-        param.get_usage_pieces = lambda ctx: [shown]
-        if hasattr(param, "display_type_rich"):   # Typer's type column (`<str>`) beside the name
-            param.display_type_rich = lambda ctx: None
-    elif getattr(param, "is_flag", False) or getattr(param, "count", False):
-        param.metavar = ""
-    elif param.metavar is None:
-        param.metavar = _value_name(param)
-
-
-_TYPE_NAMES = {int: "INTEGER", float: "FLOAT", str: "TEXT"}
-"""Click's names of the value types options take."""
-
-
-def _value_name(param: Any) -> str | None:
-    """INTEGER, FLOAT or TEXT for an option's value; None (Typer's own display) for choices."""
-    kind = getattr(param, "type", None)
-    if kind is not None:   # Typer on Click: a Click ParamType
-        return None if hasattr(kind, "choices") else kind.name.upper()
-    described = param.type_descriptor   # Typer with its own Click: the annotation itself
-    if described.is_choice:
-        return None
-    return _TYPE_NAMES.get(typing.get_args(described.annotation)[0] if described.is_list else described.annotation)
 
 
 MAX_LINE = 2000

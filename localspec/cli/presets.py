@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
     def pull_command(
         preset_or_repo: str = typer.Argument(..., metavar="PRESET_OR_REPO", help="Preset name, or a HF repo id."),
         file: Optional[str] = typer.Argument(None, metavar="FILE", help="GGUF file in the repo, with a repo id."),
-        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show download progress bars."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show download progress bars (default --progress)."),
     ) -> None:
         """Download a preset's models (or one REPO FILE) into the Hugging Face cache."""
         from localspec.loading import hub

@@ -18,27 +18,30 @@ def register(app: typer.Typer) -> None:
     @app.command("serve")
     @o.with_options(o.models_for("serve"), o.SAMPLING)
     def serve_command(
-        options: dict = None,
-        k: o.DraftTokens = None,
-        tree: o.Tree = o.TREE_DEFAULT,
-        max_tokens: int = typer.Option(256, "--max-tokens", help="Default max_tokens of a request."),
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
-        port: int = typer.Option(8080, "--port", help="Port to listen on (0 = any free port)."),
+        host: str = typer.Option(
+            "127.0.0.1", "--host", help="Address to listen on (default 127.0.0.1, loopback only)."),
+        port: int = typer.Option(8080, "--port", help="Port to listen on, 0 = any free port (default 8080)."),
         api_key: Optional[str] = typer.Option(
             None, "--api-key", envvar="LOCALSPEC_API_KEY",
             help="Require 'Authorization: Bearer KEY' (except on /health)."),
         parallel: int = typer.Option(
             PARALLEL_DEFAULT, "--parallel", "-np",
-            help="Generations run at once, their decodes batched together (each keeps the full --n-ctx; "
-                 "the KV cache grows N times). More requests wait in the queue."),
-        max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait while all slots generate; more get 503."),
+            help=f"Generations run at once, their decodes batched together (each keeps the full --n-ctx; "
+                 f"the KV cache grows N times); more requests wait in the queue (default {PARALLEL_DEFAULT})."),
+        max_queue: int = typer.Option(
+            16, "--max-queue", help="Requests that may wait while all slots generate; more get 503 (default 16)."),
         cors_origin: Optional[List[str]] = typer.Option(
-            None, "--cors-origin", help="Allow browser requests from this origin (repeatable; '*' = any). None: no CORS."),
-        no_warm_start: o.NoWarmStart = False,
+            None, "--cors-origin",
+            help="Allow browser requests from this origin, '*' = any; repeatable (default: no CORS)."),
         no_prefix_share: bool = typer.Option(
             False, "--no-prefix-share",
             help="Start every request from an empty KV cache: slower for chats that resend their history, but "
                  "no client can learn (from cached_tokens or the prefill time) what another's prompt began with."),
+        max_tokens: int = typer.Option(256, "--max-tokens", help="Default max_tokens of a request (default 256)."),
+        options: dict = None,
+        k: o.DraftTokens = None,
+        tree: o.Tree = o.TREE_DEFAULT,
+        no_warm_start: o.NoWarmStart = False,
     ) -> None:
         """Serve the model pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
         from dataclasses import replace

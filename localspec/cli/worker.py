@@ -21,8 +21,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("worker")
     def worker_command(
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
-        port: int = typer.Option(PORT_DEFAULT, "--port", help="Port to listen on."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default 127.0.0.1, loopback only)."),
+        port: int = typer.Option(PORT_DEFAULT, "--port", help=f"Port to listen on (default {PORT_DEFAULT})."),
         threads: Optional[int] = typer.Option(
             None, "--threads", help=f"CPU threads for a CPU device (default: {usable_cpus()} here, every core)."),
         device: Optional[List[str]] = typer.Option(

@@ -37,6 +37,9 @@ class Chunk:
     text shown (the token a stop string begins in is cut at it)."""
     elapsed: float
     """Seconds since generation started (prefill included)."""
+    stopped: bool = False
+    """A stop string ended the text in this chunk (the decoder's finish says "stop" for that and
+    for the end of text alike)."""
 
 
 class TextStream:
@@ -128,7 +131,8 @@ def stream_text(target, drafter, prompt, sampling, decode, controller=None, rng=
             n = len(released)
             pieces = tuple(zip((piece for _, piece in released), flags[:n]))
             del flags[:n]
-            yield Chunk(shown, step, tuple(t for t, _ in released), pieces, time.perf_counter() - start)
+            yield Chunk(shown, step, tuple(t for t, _ in released), pieces, time.perf_counter() - start,
+                        text.stopped)
             if step.finish is not None:
                 return
     finally:
