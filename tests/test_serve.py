@@ -426,7 +426,7 @@ def test_serve_without_the_extra_says_how_to_install_it():
 
 REPO = Path(__file__).resolve().parent.parent
 LOGGED = re.compile(r"localspec: (?P<method>[A-Z]+) (?P<path>\S+) (?P<status>\d{3})"
-                    r"(?: · (?P<tokens>\d+) tokens · α (?P<alpha>\d\.\d{3}|—))? · \d+\.\d\d s")
+                    r"(?: · (?P<tokens>\d+) tokens · α (?P<alpha>\d\.\d{3}|—))?(?: · (?P<reason>[^·]+))? · \d+\.\d\d s")
 
 
 def test_one_log_line_per_answer_and_one_at_shutdown(served):
@@ -450,20 +450,27 @@ def test_one_log_line_per_answer_and_one_at_shutdown(served):
                                              stream=True, stream_options={"include_usage": True}))
         assert httpx.get(url + "/health").status_code == 200
         assert httpx.get(url + "/no%1B%5B2Jwhere").status_code == 404   # a path with ESC [2J in it
+        index = httpx.get(url + "/")   # a pointer to the API, not a 404
+        assert index.status_code == 200 and "POST /v1/chat/completions" in index.json()["endpoints"]
+        hot = httpx.post(url + "/v1/completions", json={"prompt": "x", "temperature": 5})   # OpenAI's range: 0-2
+        assert hot.status_code == 400 and "between 0 and 2" in hot.json()["error"]["message"]
     finally:
         uv.should_exit = True
         thread.join(30)
     *answers, last = lines
-    assert last == "localspec: stopped after 4 requests"   # once, after every answer's line
-    parsed = {m["path"]: m for m in map(LOGGED.fullmatch, answers)}
-    assert None not in parsed, answers
-    chat, completion = parsed["/v1/chat/completions"], parsed["/v1/completions"]
-    assert (chat["method"], chat["status"], int(chat["tokens"])) == ("POST", "200", whole.usage.completion_tokens)
+    assert last == "localspec: stopped after 6 requests"   # once, after every answer's line
+    matches = [LOGGED.fullmatch(line) for line in answers]
+    assert None not in matches, answers
+    parsed = {(m["path"], m["status"]): m for m in matches}
+    chat, completion = parsed["/v1/chat/completions", "200"], parsed["/v1/completions", "200"]
+    assert chat["method"] == "POST" and int(chat["tokens"]) == whole.usage.completion_tokens
     assert chat["alpha"] == f"{whole.usage.model_extra['localspec']['alpha']:.3f}"
     assert int(completion["tokens"]) == streamed[-1].usage.completion_tokens == 5
-    assert parsed["/health"]["status"] == "200" and parsed["/health"]["tokens"] is None
-    assert parsed[r"/no\x1b[2Jwhere"]["status"] == "404"   # the client's path escaped, no control codes
-    assert len(answers) == 4
+    assert parsed["/health", "200"]["tokens"] is None
+    assert (r"/no\x1b[2Jwhere", "404") in parsed   # the client's path escaped, no control codes
+    assert ("/", "200") in parsed
+    assert parsed["/v1/completions", "400"]["reason"] == "temperature must be between 0 and 2, got 5"   # why
+    assert len(answers) == 6
 
 
 def test_serve_logs_its_requests_and_says_when_it_stopped():

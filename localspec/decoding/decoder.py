@@ -1,7 +1,11 @@
 """The speculative decoding loop: draft → verify in one batch → accept → roll back.
 
 `generate_steps` yields one `Step` per target pass. Plain decoding is the same loop with k = 0, so
-both paths share every line that could make them differ.
+both paths share every line that could make them differ. Each step is the paper's phases, one
+function each: `_draft` (k, and a chain or a tree), `_verify_tree` / `_verify_chain` (one target
+decode, then the acceptance rule: a `Verdict`), `_emit` (the accepted tokens and the target's
+next, cut at an end of generation, max_tokens or a stop string), then the loop settles the text,
+the grammar state and the cache, `_learn` tells the controller, and `_report` makes the `Step`.
 """
 
 from __future__ import annotations
@@ -143,17 +147,7 @@ def generate_steps(
     if not prompt:
         raise ValueError("empty prompt")
     check_bias_ids(sampling, target.n_vocab)
-    if rng is None:
-        rng = np.random.default_rng(sampling.seed)
-    # Drafting draws from a stream of its own: what a drafter consumes (a draft model samples its
-    # tokens, lookup draws nothing) never shifts the acceptance draws, which stay `rng`'s. Seeded
-    # by one draw of `rng` (Generator.spawn would do, but needs numpy >= 1.25; 1.24 is allowed).
-    drafting = np.random.default_rng(rng.integers(1 << 63))
-    if controller is None:
-        controller = KController(
-            decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free)
-        )
-    controller.tree_shape = decode.tree_shape   # a fixed shape: the k controller prices its trees
+    rng, drafting, controller = _prepare(drafter, sampling, decode, controller, rng)
     context = list(prompt)
     produced = 0
     # Under a grammar, the state after the text; each step's rows fork it (constrain.RowStates).
@@ -164,111 +158,24 @@ def generate_steps(
     try:
         while True:
             t0 = time.perf_counter()
-            room = min(decode.max_tokens - produced, target.n_ctx - len(context)) - 1
-            k = 0
-            if drafter is not None and room > 0:
-                k = drafter.plan(context, min(max(decode.k_max, decode.k or 0), room), controller)
-            shape = choose_shape(decode.tree, controller, drafter, context, k, width_of(target, drafter)) if k else None
-            # The draft's rows get the same mask when asked (DecodeConfig.mask_draft), from a fork.
-            masked = grammar.fork() if grammar is not None and decode.mask_draft and k > 0 else None
-            if shape:
-                draft = propose_tree(drafter, context, k, shape, sampling, drafting, grammar=masked)
-            else:
-                draft = drafter.propose(context, k, sampling, drafting, grammar=masked) if k > 0 else None
-            if draft is not None and draft.tree is not None and len(context) + len(draft.tree) > target.n_ctx:
-                draft = as_chain(draft)   # the branches would not fit the cache's free cells
-            tree = draft.tree if draft is not None and draft.tree is not None and not draft.tree.is_chain() else None
+            k, draft, tree = _draft(target, drafter, context, produced, decode, controller, sampling, drafting, grammar)
             t1 = time.perf_counter()
             if tree is not None:
-                # One decode verifies every branch; only the accepted one stays in the cache.
-                tokens, parents, at, states = tree_batch(tree, context[-1], target.n_vocab, grammar, target.is_eog)
-                logits = target.eval_tree(tokens, parents)
-                t2 = time.perf_counter()
-                kept: list[int] = []   # whatever happens, the cache keeps the root and this path
-                seen = tree_seen(context, tokens, parents, sampling)
-                try:
-                    if sampling.greedy:
-                        path, nxt = accept_tree_greedy(tree, Mapped(Argmax(logits, sampling, seen, states), at))
-                    else:
-                        path, nxt = accept_tree_sampled(tree, Mapped(Rows(logits, sampling, seen, states), at), rng)
-                    kept = [0, *(at[c + 1] for c in path)]
-                    last_row = kept[-1]
-                finally:
-                    target.keep_path(kept or [0])
-                drafted, n_acc = tree.path_tokens(path), len(path)
-                trials = tuple(tested_ranks(tree, path))
+                v = _verify_tree(target, tree, context, sampling, grammar, rng)
             else:
-                drafted = draft.tokens if draft else []
-                # A padded draft vocabulary can propose an id the target lacks: verify the part
-                # before it; the rule then rejects that id (p = 0) using the last row.
-                n_valid = len(drafted)
-                if drafted and max(drafted) >= target.n_vocab:
-                    n_valid = next(i for i, t in enumerate(drafted) if t >= target.n_vocab)
-                # Likewise a token the grammar forbids (an unmasked or lookup draft): p = 0 there.
-                states = RowStates(grammar, [context[-1], *drafted], None, target.is_eog) if grammar is not None else None
-                if states is not None:
-                    n_valid = next((i for i in range(n_valid) if not states.allows(i + 1)), n_valid)
-                logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
-                t2 = time.perf_counter()
-                seen = chain_seen(context, drafted, sampling)
-                if sampling.greedy:
-                    n_acc, nxt = accept_greedy(drafted, Argmax(logits, sampling, seen, states))
-                else:
-                    n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling, seen, states),
-                                                draft.q if draft else None, rng)
-                last_row = n_acc
-                trials = ((0, True),) * n_acc + (((0, False),) if n_acc < len(drafted) else ())
-            emitted = [*drafted[:n_acc], nxt]
-            from_draft = [True] * n_acc + [False]
-            finish = None
-            for i, tok in enumerate(emitted):
-                if target.is_eog(tok):
-                    emitted, from_draft, finish = emitted[:i], from_draft[:i], "stop"
-                    break
-            if finish is None and produced + len(emitted) >= decode.max_tokens:
-                cut = decode.max_tokens - produced
-                emitted, from_draft, finish = emitted[:cut], from_draft[:cut], "length"
-            withdrawn = 0
-            if stop is not None and (keep := stop(emitted)) is not None:
-                # A stop string completed (it wins over "length"): keep what makes the text before
-                # it, which may end in an earlier step (keep < 0 takes back that many tokens).
-                keep, withdrawn = max(keep, 0), max(-keep, 0)
-                emitted, from_draft, finish = emitted[:keep], from_draft[:keep], "stop"
+                v = _verify_chain(target, draft, context, sampling, grammar, rng)
+            emitted, from_draft, finish, withdrawn = _emit(target, v, produced, decode, stop)
             if grammar is not None and finish is None:
-                grammar = states(last_row)   # the accepted path's state (rows read are built)
-                grammar.accept(nxt)
+                grammar = v.states(v.last_row)   # the accepted path's state (rows read are built)
+                grammar.accept(v.nxt)
             context.extend(emitted)
             del context[len(context) - withdrawn:]
             produced += len(emitted) - withdrawn
             if finish is None and len(context) >= target.n_ctx:
                 finish = "context"
             target.truncate(len(context) - 1)
-            # The price of verifying b tokens includes turning their b rows into the decision.
-            if tree is not None:
-                learn_tree(drafter, controller, k, draft, path, trials, t1 - t0, time.perf_counter() - t1)
-            elif drafter is not None:
-                drafter.learn(controller, k, draft, n_acc, t1 - t0, time.perf_counter() - t1)
-            else:
-                controller.observe(0, 0, 0, t1 - t0, time.perf_counter() - t1)
-            t3 = time.perf_counter()
-            yield Step(
-                tokens=tuple(emitted),
-                from_draft=tuple(from_draft),
-                source=draft.source if draft else "",
-                n_lookup=min(draft.n_lookup, n_acc) if draft else 0,
-                k=k,
-                n_drafted=tree.depth() if tree is not None else len(drafted),
-                n_accepted=n_acc,
-                n_nodes=len(tree) if tree is not None else len(drafted),
-                branches=tree.leaves() if tree is not None else 1,
-                sibling_trials=trials,
-                t_draft=t1 - t0,
-                t_verify=t2 - t1,
-                t_python=t3 - t2,
-                t_draft_host=draft.t_host if draft else 0.0,
-                finish=finish,
-                withdrawn=withdrawn,
-            )
+            _learn(drafter, controller, k, draft, tree, v, t1 - t0, time.perf_counter() - t1)
+            yield _report(k, draft, tree, v, emitted, from_draft, finish, withdrawn, t0, t1)
             if finish is not None:
                 return
     except BadLogits as e:
@@ -280,3 +187,161 @@ def generate_steps(
         # Whatever happened (early close, error mid-step), leave only the accepted text's prefix.
         if len(target.tokens) > len(context) - 1:
             target.truncate(len(context) - 1)
+
+
+# -- the phases of a step: draft, verify (a tree or a chain), emit, learn ------------------------------
+
+def _prepare(drafter, sampling: SamplingConfig, decode: DecodeConfig, controller, rng):
+    """(the acceptance rng, the drafting rng, the controller) for one generation."""
+    if rng is None:
+        rng = np.random.default_rng(sampling.seed)
+    # Drafting draws from a stream of its own: what a drafter consumes (a draft model samples its
+    # tokens, lookup draws nothing) never shifts the acceptance draws, which stay `rng`'s. Seeded
+    # by one draw of `rng` (Generator.spawn would do, but needs numpy >= 1.25; 1.24 is allowed).
+    drafting = np.random.default_rng(rng.integers(1 << 63))
+    if controller is None:
+        controller = KController(
+            decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free)
+        )
+    controller.tree_shape = decode.tree_shape   # a fixed shape: the k controller prices its trees
+    return rng, drafting, controller
+
+
+def _draft(target, drafter, context, produced, decode, controller, sampling, drafting, grammar):
+    """(k, the draft or None, its tree when it has several branches, else None)."""
+    room = min(decode.max_tokens - produced, target.n_ctx - len(context)) - 1
+    k = 0
+    if drafter is not None and room > 0:
+        k = drafter.plan(context, min(max(decode.k_max, decode.k or 0), room), controller)
+    if not k:
+        return 0, None, None
+    shape = choose_shape(decode.tree, controller, drafter, context, k, width_of(target, drafter))
+    # The draft's rows get the same mask when asked (DecodeConfig.mask_draft), from a fork.
+    masked = grammar.fork() if grammar is not None and decode.mask_draft else None
+    if shape:
+        draft = propose_tree(drafter, context, k, shape, sampling, drafting, grammar=masked)
+    else:
+        draft = drafter.propose(context, k, sampling, drafting, grammar=masked)
+    if draft is not None and draft.tree is not None and len(context) + len(draft.tree) > target.n_ctx:
+        draft = as_chain(draft)   # the branches would not fit the cache's free cells
+    tree = draft.tree if draft is not None and draft.tree is not None and not draft.tree.is_chain() else None
+    return k, draft, tree
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What verifying one draft decided."""
+
+    drafted: list[int]
+    """The draft tokens along the path the rule walked (a chain's tokens; a tree's accepted path)."""
+    n_acc: int
+    """How many of them were accepted."""
+    nxt: int
+    """The token the target adds after them (a correction, or the bonus token)."""
+    last_row: int
+    """The verify row that `nxt` was drawn from."""
+    trials: tuple[tuple[int, bool], ...]
+    """Step.sibling_trials."""
+    states: object
+    """Under a grammar, the rows' grammar states (constrain.RowStates), else None."""
+    t_decoded: float
+    """perf_counter() when the target's decode returned."""
+    path: list[int] = ()
+    """A tree's accepted nodes (empty for a chain)."""
+
+
+def _verify_tree(target, tree, context, sampling, grammar, rng) -> Verdict:
+    """One decode verifies every branch; only the accepted one stays in the cache."""
+    tokens, parents, at, states = tree_batch(tree, context[-1], target.n_vocab, grammar, target.is_eog)
+    logits = target.eval_tree(tokens, parents)
+    t_decoded = time.perf_counter()
+    kept: list[int] = []   # whatever happens, the cache keeps the root and this path
+    seen = tree_seen(context, tokens, parents, sampling)
+    try:
+        if sampling.greedy:
+            path, nxt = accept_tree_greedy(tree, Mapped(Argmax(logits, sampling, seen, states), at))
+        else:
+            path, nxt = accept_tree_sampled(tree, Mapped(Rows(logits, sampling, seen, states), at), rng)
+        kept = [0, *(at[c + 1] for c in path)]
+    finally:
+        target.keep_path(kept or [0])
+    return Verdict(tree.path_tokens(path), len(path), nxt, kept[-1], tuple(tested_ranks(tree, path)), states,
+                   t_decoded, path)
+
+
+def _verify_chain(target, draft, context, sampling, grammar, rng) -> Verdict:
+    """The text's last token and the draft in one decode (plain decoding: the last token alone)."""
+    drafted = draft.tokens if draft else []
+    # A padded draft vocabulary can propose an id the target lacks: verify the part before it; the
+    # rule then rejects that id (p = 0) using the last row.
+    n_valid = len(drafted)
+    if drafted and max(drafted) >= target.n_vocab:
+        n_valid = next(i for i, t in enumerate(drafted) if t >= target.n_vocab)
+    # Likewise a token the grammar forbids (an unmasked or lookup draft): p = 0 there.
+    states = RowStates(grammar, [context[-1], *drafted], None, target.is_eog) if grammar is not None else None
+    if states is not None:
+        n_valid = next((i for i in range(n_valid) if not states.allows(i + 1)), n_valid)
+    logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
+    t_decoded = time.perf_counter()
+    seen = chain_seen(context, drafted, sampling)
+    if sampling.greedy:
+        n_acc, nxt = accept_greedy(drafted, Argmax(logits, sampling, seen, states))
+    else:
+        n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling, seen, states), draft.q if draft else None, rng)
+    trials = ((0, True),) * n_acc + (((0, False),) if n_acc < len(drafted) else ())
+    return Verdict(drafted, n_acc, nxt, n_acc, trials, states, t_decoded)
+
+
+def _emit(target, v: Verdict, produced: int, decode: DecodeConfig, stop: StopHook | None):
+    """(emitted tokens, per token whether it was drafted, finish, tokens of earlier steps withdrawn):
+    the accepted tokens and the target's next, up to an end of generation, max_tokens or a stop
+    string."""
+    emitted = [*v.drafted[:v.n_acc], v.nxt]
+    from_draft = [True] * v.n_acc + [False]
+    finish = None
+    for i, tok in enumerate(emitted):
+        if target.is_eog(tok):
+            emitted, from_draft, finish = emitted[:i], from_draft[:i], "stop"
+            break
+    if finish is None and produced + len(emitted) >= decode.max_tokens:
+        cut = decode.max_tokens - produced
+        emitted, from_draft, finish = emitted[:cut], from_draft[:cut], "length"
+    withdrawn = 0
+    if stop is not None and (keep := stop(emitted)) is not None:
+        # A stop string completed (it wins over "length"): keep what makes the text before it,
+        # which may end in an earlier step (keep < 0 takes back that many tokens).
+        keep, withdrawn = max(keep, 0), max(-keep, 0)
+        emitted, from_draft, finish = emitted[:keep], from_draft[:keep], "stop"
+    return emitted, from_draft, finish, withdrawn
+
+
+def _learn(drafter, controller, k, draft, tree, v: Verdict, t_draft: float, t_rest: float) -> None:
+    """Tell the drafter and the controller what the step cost and won. The price of verifying b
+    tokens includes turning their b rows into the decision (t_rest)."""
+    if tree is not None:
+        learn_tree(drafter, controller, k, draft, v.path, v.trials, t_draft, t_rest)
+    elif drafter is not None:
+        drafter.learn(controller, k, draft, v.n_acc, t_draft, t_rest)
+    else:
+        controller.observe(0, 0, 0, t_draft, t_rest)
+
+
+def _report(k, draft, tree, v: Verdict, emitted, from_draft, finish, withdrawn, t0: float, t1: float) -> Step:
+    return Step(
+        tokens=tuple(emitted),
+        from_draft=tuple(from_draft),
+        source=draft.source if draft else "",
+        n_lookup=min(draft.n_lookup, v.n_acc) if draft else 0,
+        k=k,
+        n_drafted=tree.depth() if tree is not None else len(v.drafted),
+        n_accepted=v.n_acc,
+        n_nodes=len(tree) if tree is not None else len(v.drafted),
+        branches=tree.leaves() if tree is not None else 1,
+        sibling_trials=v.trials,
+        t_draft=t1 - t0,
+        t_verify=v.t_decoded - t1,
+        t_python=time.perf_counter() - v.t_decoded,
+        t_draft_host=draft.t_host if draft else 0.0,
+        finish=finish,
+        withdrawn=withdrawn,
+    )

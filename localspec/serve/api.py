@@ -122,6 +122,8 @@ def _sampling(body: dict, defaults: Defaults) -> SamplingConfig:
     for name, check, what in (("temperature", _is_number, "a number"), ("top_p", _is_number, "a number"),
                               ("top_k", _is_int, "an integer"), ("min_p", _is_number, "a number")):
         value = _typed(body, name, check, what)
+        if name == "temperature" and value is not None and not 0 <= value <= 2:   # OpenAI's range
+            raise ApiError(f"temperature must be between 0 and 2, got {value}", param=name, code="invalid_value")
         if value is not None:
             try:
                 cfg = replace(cfg, **{name: value})

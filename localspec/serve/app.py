@@ -49,7 +49,7 @@ from localspec.decoding.controller import KController
 from localspec.engine import Cancelled
 from localspec.tokens import common_prefix, prompt_fits
 from .api import ApiError, Defaults, Reply, check_with, parse, too_long
-from .http import CountRequests, EventStream, api_error, collect, http_error, internal_error, key_matches, read_json, sse, watch_disconnect
+from .http import CountRequests, EventStream, api_error, collect, http_error, index, internal_error, key_matches, read_json, sse, watch_disconnect
 from .metrics import Metrics
 from localspec.decoding.stats import RunStats
 from localspec.decoding.stream import stream_text
@@ -113,6 +113,7 @@ class Server:
     # ---- the ASGI application -------------------------------------------------------------------
     def app(self) -> Starlette:
         routes = [
+            Route("/", index, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),

@@ -81,21 +81,29 @@ class CountRequests:
             code = status.get("code", 500)
             self.metrics.request(scope["path"], code)
             if self.log is not None:
-                job = scope.get("state", {}).get("job")
+                state = scope.get("state", {})
                 self.log(request_line(scope["method"], scope["path"], code, time.monotonic() - start,
-                                      getattr(job, "result", None)))
+                                      getattr(state.get("job"), "result", None), state.get("refusal")))
 
 
-def request_line(method: str, path: str, status: int, seconds: float, result: dict | None) -> str:
+def request_line(method: str, path: str, status: int, seconds: float, result: dict | None,
+                 refusal: str | None = None) -> str:
     """`localspec: POST /v1/chat/completions 200 · 24 tokens · α 0.950 · 1.23 s`: tokens and α
     for a generation (α — when nothing was drafted), the seconds from the request to its answer's
-    last byte. The path is the client's: shown escaped and cut, never as terminal control codes."""
-    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in path[:MAX_LOGGED])
-    parts = [f"localspec: {method[:16]} {shown}{'…' if len(path) > MAX_LOGGED else ''} {status}"]
+    last byte; for a refused request, why (the error's message). The path and the message come
+    from the client: shown escaped and cut, never as terminal control codes."""
+    parts = [f"localspec: {method[:16]} {_shown(path)} {status}"]
     if result is not None:
         alpha = result.get("alpha")
         parts += [f"{result['n_tokens']} tokens", "α —" if alpha is None else f"α {alpha:.3f}"]
+    if refusal:
+        parts.append(_shown(refusal, 2 * MAX_LOGGED))
     return " · ".join([*parts, f"{seconds:.2f} s"])
+
+
+def _shown(text: str, most: int = 0) -> str:
+    most = most or MAX_LOGGED
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:most]) + ("…" if len(text) > most else "")
 
 
 async def read_json(request: Request):
@@ -130,17 +138,28 @@ def sse(obj: dict) -> bytes:
 
 
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    request.state.refusal = str(exc)   # for the request's log line
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    request.state.refusal = str(exc.detail)
     return JSONResponse(ApiError(str(exc.detail), status=exc.status_code).body(), status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse(ApiError(f"internal error ({type(exc).__name__}: {exc})", status=500,
-                                 kind="server_error").body(), status_code=500)
+    message = f"internal error ({type(exc).__name__}: {exc})"
+    request.state.refusal = message
+    return JSONResponse(ApiError(message, status=500, kind="server_error").body(), status_code=500)
+
+
+ENDPOINTS = ("GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions", "GET /health", "GET /metrics")
+
+
+async def index(request: Request) -> JSONResponse:
+    """`GET /`: where the API is, for a person or a client probing the address."""
+    return JSONResponse({"name": "localspec", "api": "OpenAI-compatible, under /v1", "endpoints": list(ENDPOINTS)})
 
 
 async def collect(job) -> tuple[str, dict]:
