@@ -291,7 +291,7 @@ def test_bench_report_sets_the_trees_against_their_chain():
     vs = tree["against_chain"]
     assert vs["tokens_per_second"] == pytest.approx((12 / 0.08) / (12 / 0.10))
     assert vs["tokens_per_second_median"] == pytest.approx(1.25)
-    assert vs["tokens_per_step"] == pytest.approx(3.0 / 2.0)
+    assert vs["tokens_per_pass"] == pytest.approx(3.0 / 2.0)
     table = bench_report.format_report(r)
     assert "speculative k=auto (adaptive, one controller across the suite) · tree 2,1" in table
     head, *rows = table.split("tree against chain (auto+tree against auto")[1].splitlines()[1:4]

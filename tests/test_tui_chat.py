@@ -32,7 +32,7 @@ def expected_stats(text: str) -> dict:
     seconds = sum(sum(STEP_SECONDS) if c.step.n_drafted else sum(STEP_SECONDS[1:]) for c in chunks)
     n_tokens = sum(len(c.tokens) for c in chunks)
     return {"n_tokens": n_tokens, "alpha": sum(c.step.n_accepted for c in chunks) / tested,
-            "tokens_per_step": n_tokens / len(chunks), "decode_tokens_per_second": n_tokens / seconds,
+            "tokens_per_pass": n_tokens / len(chunks), "tokens_per_step": n_tokens / len(chunks), "decode_tokens_per_second": n_tokens / seconds,
             "tokens_per_second": n_tokens / (PREFILL_SECONDS + seconds)}
 
 

@@ -186,7 +186,7 @@ def speculation(target_path: str, drafts: dict[str, str], tokens: int, rounds: i
             stats = RunStats.of(a["steps"])
             tps = a["tokens"] / a["seconds"] if a["seconds"] else 0.0
             plain_tps = base[False]["tokens"] / base[False]["seconds"]
-            row = {"tps": tps, "vs_plain": tps / plain_tps, "alpha": stats.alpha, "tokens_per_pass": stats.tokens_per_step,
+            row = {"tps": tps, "vs_plain": tps / plain_tps, "alpha": stats.alpha, "tokens_per_pass": stats.tokens_per_pass,
                    "verify_ms_per_step": stats.verify_ms_per_step, "host": stats.host(),
                    "mean_k": stats.k_sum / stats.n_steps if stats.n_steps else None, "padded_rows": a["padded"],
                    "tree_steps": sum(st.branches > 1 for st in a["steps"])}

@@ -76,7 +76,7 @@ class LiveStats:
             "draft_efficiency": efficiency,
             "spark": [float(len(s.tokens)) for s in recent],
             "k_now": recent[-1].k if recent else None,
-            "tokens_per_pass": window.tokens_per_step,
+            "tokens_per_pass": window.tokens_per_pass,
             "tps": tps,
             "plain_tps": plain_tps,
             "speedup": tps / plain_tps if tps and plain_tps else None,

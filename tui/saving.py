@@ -36,7 +36,8 @@ def reply_stats(reply, chat, sampling, k) -> dict:
     `tokens_per_second` counts from the start of the reply to its last token, prefill included
     (what a user waited; tools/chat_speed.py compares it with generate's)."""
     session, run = chat.session, reply.stats
-    return {"n_tokens": run.n_tokens, "alpha": run.alpha, "tokens_per_step": run.tokens_per_step,
+    return {"n_tokens": run.n_tokens, "alpha": run.alpha, "tokens_per_pass": run.tokens_per_pass,
+            "tokens_per_step": run.tokens_per_pass,   # the old name, kept one release
             "tokens_per_second": run.n_tokens / reply.seconds if reply.seconds > 0 else None,
             "decode_tokens_per_second": run.tokens_per_second,
             "seconds": round(reply.seconds, 3), "decode_seconds": round(run.seconds, 3), "finish": reply.finish,

@@ -160,7 +160,7 @@ def summarize(gens: list[Generation], wall: float) -> dict:
                     "p99": 1e3 * _pct([g.first - g.start for g in gens], 99)},
         "alpha": total.alpha,
         "mean_k": total.k_sum / total.n_steps if total.n_steps else None,
-        "tokens_per_pass": total.tokens_per_step,
+        "tokens_per_pass": total.tokens_per_pass,
     }
 
 

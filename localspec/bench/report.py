@@ -41,7 +41,8 @@ def _local_summary(runs: list) -> dict:
         "n_steps": st.n_steps,
         "decode_seconds": decode,
         "tokens_per_second": _ratio(st.n_tokens, decode),
-        "tokens_per_step": st.tokens_per_step,
+        "tokens_per_pass": st.tokens_per_pass,
+        "tokens_per_step": st.tokens_per_pass,   # the old name, kept one release
         "prefill_seconds": prefill,
         "n_prompt_tokens": n_prompt,
         "prefill_tokens_per_second": _ratio(n_prompt, prefill),
@@ -185,7 +186,7 @@ def _against_chain(s: dict, chain: dict | None, runs: list, chain_runs: list) ->
     return {
         "tokens_per_second": _ratio(s["tokens_per_second"], chain["tokens_per_second"]),
         "tokens_per_second_median": _median_speedup(runs, chain_runs),
-        "tokens_per_step": _ratio(s["tokens_per_step"], chain["tokens_per_step"]),
+        "tokens_per_pass": _ratio(s["tokens_per_pass"], chain["tokens_per_pass"]),
     }
 
 
@@ -253,7 +254,7 @@ def format_report(report: dict) -> str:
             rows.append([
                 group, str(g["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["draft_efficiency"], ".3f"),
                 _f(s["mean_accepted"], ".2f"),
-                _f(s["tokens_per_step"], ".2f"), served(s["drafters"]),
+                _f(s["tokens_per_pass"], ".2f"), served(s["drafters"]),
                 _f(p["tokens_per_second"]), _f(s["tokens_per_second"]),
                 f"{_f(s['speedup'], '.2f')}× ({_f(s['speedup_median'], '.2f')}×)",
                 "—" if b is None else f"{b['speedup']:.2f}× ({b['k']})",
@@ -354,8 +355,8 @@ def _tree_table(report: dict) -> list[str]:
             vs, tr = t["against_chain"], t["tree"]
             rows.append([group, _f(ch["tokens_per_second"]), _f(t["tokens_per_second"]),
                          f"{_f(vs['tokens_per_second'], '.2f')}× ({_f(vs['tokens_per_second_median'], '.2f')}×)",
-                         _f(ch["tokens_per_step"], ".2f"), _f(t["tokens_per_step"], ".2f"),
-                         _f(vs["tokens_per_step"], ".2f") + "×", f"{tr['tree_steps']}/{t['n_steps']}",
+                         _f(ch["tokens_per_pass"], ".2f"), _f(t["tokens_per_pass"], ".2f"),
+                         _f(vs["tokens_per_pass"], ".2f") + "×", f"{tr['tree_steps']}/{t['n_steps']}",
                          _f(tr["mean_nodes"], ".1f"), _f(tr["mean_accepted_depth"], ".2f")])
         ranks = " ".join(_f(a, ".2f") for a in s["tree"]["acceptance_by_rank"]) or "—"
         lines += ["", f"tree against chain ({key} against {chain}; tree steps = steps that verified more than "

@@ -79,7 +79,10 @@ def stats_line(stats: dict | None) -> str:
         parts[:1] = [f"continued: {parts[0]}" if parts else "continued"]
     if (alpha := _number(stats, "alpha")) is not None:
         parts.append(f"α {alpha:.3f}")
-    if (per_pass := _number(stats, "tokens_per_step")) is not None:
+    per_pass = _number(stats, "tokens_per_pass")
+    if per_pass is None:   # chats saved before the name was tokens_per_pass
+        per_pass = _number(stats, "tokens_per_step")
+    if per_pass is not None:
         parts.append(f"{per_pass:.2f} tokens/target pass")
     decode, wall = _number(stats, "decode_tokens_per_second"), _number(stats, "tokens_per_second")
     if decode is not None:

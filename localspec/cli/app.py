@@ -207,7 +207,7 @@ def summary_line(r: dict) -> str:
     tree = r["tree"]   # the steps that verified a tree, when any did
     trees = f" ({tree['tree_steps']} of {r['n_steps']} steps)" if tree["tree_steps"] else ""
     return (
-        f"α {alpha} · draft efficiency {eff} · {r['tokens_per_step'] or 0:.2f} tokens/target pass · "
+        f"α {alpha} · draft efficiency {eff} · {r['tokens_per_pass'] or 0:.2f} tokens/target pass · "
         f"{tps:.1f} tokens/s · {r['n_steps']} steps · {r['n_tokens']} tokens ({ended(r)}) · "
         f"drafter {drafter} · k {r['k']} · "
         f"tree {tree['setting']}{trees}"

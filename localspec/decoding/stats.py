@@ -185,9 +185,11 @@ class RunStats:
         return self.n_accepted / self.n_drafted if self.n_drafted else None
 
     @property
-    def tokens_per_step(self) -> float | None:
+    def tokens_per_pass(self) -> float | None:
         """Tokens per target pass (see the module docstring); None when no pass emitted a token."""
         return self.n_tokens / self.n_passes if self.n_passes else None
+
+    tokens_per_step = tokens_per_pass   # the old name, kept one release
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -272,7 +274,8 @@ class RunStats:
             "n_tested": self.n_tested,
             "alpha": self.alpha,
             "draft_efficiency": self.draft_efficiency,
-            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_pass": self.tokens_per_pass,
+            "tokens_per_step": self.tokens_per_pass,   # the old name of tokens_per_pass, kept one release
             "tokens_per_second": self.tokens_per_second,
             "seconds": self.seconds,
             "mean_k": self.k_sum / self.n_steps if self.n_steps else None,

@@ -338,7 +338,7 @@ def usage(result: dict) -> dict:
         "localspec": {
             "alpha": result["alpha"],
             "draft_efficiency": result["draft_efficiency"],
-            "tokens_per_pass": result["tokens_per_step"],
+            "tokens_per_pass": result["tokens_per_pass"],
             "mean_k": result["mean_k"],
             "drafter": result["drafter"],
             "tokens_per_second": result["tokens_per_second"],

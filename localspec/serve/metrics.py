@@ -78,7 +78,7 @@ class Metrics:
                [("", ratio(c["accepted"], c["tested"]))])
         metric("draft_efficiency", "gauge", "Accepted / drafted tokens (NaN before any draft).",
                [("", ratio(c["accepted"], c["drafted"]))])
-        metric("tokens_per_pass", "gauge", "Generated tokens per target pass that emitted a token (as tokens_per_step).",
+        metric("tokens_per_pass", "gauge", "Generated tokens per target pass that emitted a token (generate --json: tokens_per_pass).",
                [("", ratio(c["completion_tokens"], c["emitting_passes"]))])
         metric("mean_k", "gauge", "Mean draft length chosen per step.", [("", ratio(c["k_sum"], c["target_passes"]))])
         metric("tokens_per_second", "gauge", "Generated tokens per decoding second (prefill excluded).",
