@@ -83,6 +83,19 @@ def draft(model_paths):
         yield m
 
 
+SLOW = {"test_decoding", "test_exact_e2e", "test_serve_sampled", "test_tree_decode", "test_stable_shapes",
+        "test_concurrent", "test_grammar", "test_penalties", "test_rpc", "test_serve_parallel", "test_sampling_real",
+        "test_hybrid", "test_warmstart", "test_doctor", "test_serve_load"}
+"""The modules of laws and real-model runs (most of the suite's 20-25 minutes on 2 cores):
+`python -m pytest -m "not slow"` is the quick tier for changing code; CI runs everything."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in SLOW:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Greedy divergences on quantized targets are counted and shown, never hidden."""
     from tests import test_decoding

@@ -140,11 +140,18 @@ def test_continue_after_esc_and_after_resume(store):
     assert store.list_conversations()[0].partial and store.get(conv).messages[-1].partial
 
     async def resume_and_continue():
-        app = scripted_app(store=store, resume=store.get(conv))
+        app = scripted_app(store=store, resume=store.get(conv), gate_after=3)
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
-            await command(pilot, "/continue")
+            view = app.query(ReplyView).last()
+            before = view.note
+            await mid_reply(pilot, "/continue")
+            # while it grows, not the stopped part's numbers under it
+            assert "20 tokens" in before and view.note == "…", (before, view.note)
+            app.chat.gate.set()
+            await wait_for(pilot, lambda: not app.busy and all(v.settled for v in app.query(ReplyView)))
             assert app.query(ReplyView).last().text == CODE_REPLY and len(app.query(ReplyView)) == 1
+            assert view.note.startswith("continued: ")
 
     run(resume_and_continue())
     messages = store.get(conv).messages

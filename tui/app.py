@@ -3,8 +3,7 @@
 Workers never touch widgets; they post the messages of `tui.messages`, handled here on the UI
 thread. The speculation panel is redrawn by a 4 Hz timer from `Chat.live`, never per token, and a
 reply by its ReplyView at most 20 times a second. The generation worker also saves its turn
-(`tui.saving`): the UI thread never waits for the history file. Slash commands, copying and the
-saved conversations are in `tui.commands`.
+(`tui.saving`). Slash commands, copying and the saved conversations are in `tui.commands`.
 """
 
 from __future__ import annotations
@@ -86,8 +85,7 @@ class ChatApp(Commands, App):
         context is full); `tree`: draft trees (`Chat.tree`; the models need its `n_seq`)."""
         super().__init__()
         self.source = source
-        self.options = dict(sampling=sampling, k=k, max_tokens=max_tokens, system=system, warm_start=warm_start,
-                            tree=tree)
+        self.options = dict(sampling=sampling, k=k, max_tokens=max_tokens, system=system, warm_start=warm_start, tree=tree)
         self.chat_factory = chat_factory
         self.saver = Saver(store)
         self.resume = resume
@@ -342,6 +340,8 @@ class ChatApp(Commands, App):
 
     def end_turn(self) -> None:
         self.busy = False
+        if self.reply_view is not None:   # a failed /continue gets its note back (ReplyView.continuing)
+            self.reply_view.finish()
         self.reply_view = None
         self.update_status()
         self.refresh_panel()

@@ -153,6 +153,7 @@ class Commands:
             self.add_notice("nothing to continue: /continue goes on with the last reply, and there is none", "warning")
         else:
             self.reply_view = self.last_reply
+            self.reply_view.continuing()   # not the last part's numbers under a growing reply
             self.start_generating(None)
 
     # ---- copying -----------------------------------------------------------------------------

@@ -114,6 +114,7 @@ class ReplyView(Vertical):
         self._mounted = False
         self._last = 0.0
         self._gap = FLUSH_SECONDS
+        self._kept_note: str | None = None   # while continuing: the note to restore if nothing comes
 
     def compose(self) -> ComposeResult:
         yield self.markdown
@@ -160,13 +161,23 @@ class ReplyView(Vertical):
         self._show()
         self._schedule(now=True)
 
+    def continuing(self) -> None:
+        """/continue: the note under the reply said how its last part went; while it grows it says
+        "…", and gets its old words back if the reply ends with nothing added (or fails)."""
+        kept = self.note
+        self.set_note("…")
+        self._kept_note = kept
+
     def set_note(self, note: str) -> None:
+        self._kept_note = None
         self.note = note
         self.note_line.update(Text(note))
         self._show()
 
     def finish(self) -> None:
         """The reply ended: show the rest now rather than at the next tick."""
+        if self._kept_note is not None:
+            self.set_note(self._kept_note)
         self._schedule(now=True)
 
     # ---- drawing -----------------------------------------------------------------------------
