@@ -342,6 +342,9 @@ def test_summary_says_plainly_when_speculation_lost():
 def test_summary_says_nothing_of_a_loss_when_speculation_won():
     table = format_report(_synthetic_auto_report({"plain": 1.0, "model": 0.5, "lookup": 0.8, "auto": 0.4}))
     assert "speculation lost" not in table
+    # the lead, right under the header: the best variant first, then the others
+    assert table.splitlines()[3] == "best: auto 2.50× plain decoding (overall tokens/s); then model 2.00×, lookup 1.25×"
+    assert max(len(line) for line in table.splitlines()) <= 120
     overall = [r for r in table.split("auto against each drafter alone")[1].splitlines() if r.startswith("overall")]
     assert re.split(r"\s{2,}", overall[0])[5:7] == ["1.25×", "2.50×"]
 

@@ -6,6 +6,8 @@ Runs are `bench.Run` records (variant, prompt, repeat, tokens, steps, timings), 
 
 from __future__ import annotations
 
+import textwrap
+
 from importlib import metadata
 
 import numpy as np
@@ -239,10 +241,12 @@ def format_report(report: dict) -> str:
         f"{temp} · seed {c['seed']} · max {c['max_tokens']} tokens · {c['n_prompts']} prompts × {c['repeat']} · "
         f"{c['threads']} thread{'' if c['threads'] == 1 else 's'} · {'chat template' if c['chat'] else 'raw prompts'}",
     ]
+    lines += _verdict(report)
     for key in report["overall"]["spec"]:
         lines += ["", "speculative " + variant_label(key, c["drafter"], c.get("tree"))]
-        rows = [["category", "n", "α", "draft eff", "acc len", "tok/pass", "steps by", "plain t/s", "spec t/s",
-                 "speedup (median)", "bound (k)", "p50/p99 ms", "draft/verify/py %", "verify ms/step", "host ms/step (/row)", "draft host ms/tok"]]
+        rows = [["category", "n", "α", "tok/pass", "steps by", "plain t/s", "spec t/s", "speedup (median)",
+                 "bound (k)"]]
+        costs = [["category", "draft eff", "acc len", "p50/p99 ms", "draft/verify/py %", "verify ms/step", "host ms/step (/row)", "draft host ms/tok"]]
         for group, g in _groups(report):
             s, p = g["spec"][key], g["plain"]
             b = s["bound"]
@@ -252,17 +256,18 @@ def format_report(report: dict) -> str:
                 f"/{100 * (ts['python'] + ts['outside']) / total:.0f}"
             lat = s["latency_ms"]
             rows.append([
-                group, str(g["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["draft_efficiency"], ".3f"),
-                _f(s["mean_accepted"], ".2f"),
-                _f(s["tokens_per_pass"], ".2f"), served(s["drafters"]),
-                _f(p["tokens_per_second"]), _f(s["tokens_per_second"]),
+                group, str(g["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["tokens_per_pass"], ".2f"),
+                served(s["drafters"]), _f(p["tokens_per_second"]), _f(s["tokens_per_second"]),
                 f"{_f(s['speedup'], '.2f')}× ({_f(s['speedup_median'], '.2f')}×)",
                 "—" if b is None else f"{b['speedup']:.2f}× ({b['k']})",
+            ])
+            costs.append([
+                group, _f(s["draft_efficiency"], ".3f"), _f(s["mean_accepted"], ".2f"),
                 f"{_f(lat['p50'])}/{_f(lat['p99'])}", split, _f(s["verify_ms_per_step"], ".2f"),
                 f"{_f(s['host']['target_ms_per_step'], '.2f')} ({_f(s['host']['target_ms_per_row'], '.3f')})",
                 _f(s["host"]["draft_ms_per_token"], ".3f"),
             ])
-        lines += _table(rows)
+        lines += _table(rows) + [""] + _table(costs)
         o = report["overall"]
         s = o["spec"][key]
         lines.append("acceptance by position: " + (" ".join(f"{a:.2f}" for a in s["acceptance_by_position"]) or "—"))
@@ -276,7 +281,6 @@ def format_report(report: dict) -> str:
                      f"{_prefill(s)} spec{match}")
     lines += _auto_table(report)
     lines += _tree_table(report)
-    lines += _lost(report)
     ref = report["overall"]["reference"]
     if ref:
         lines += ["", f"llama-cpp-python (Llama.generate, same GGUF and threads; lookup = LlamaPromptLookupDecoding, "
@@ -296,14 +300,19 @@ def format_report(report: dict) -> str:
                         _f(r["lookup"]["localspec_speedup"][key], ".2f") + "×"]
             rows.append(row)
         lines += _table(rows)
-    lines += ["", "α = accepted / tested draft positions (a step tests up to its first rejection), the "
-                  "per-token acceptance of E(α, k); draft eff = accepted / drafted, lower because positions "
-                  "after a rejection are drafted but never tested.",
-              "steps by: share of target passes whose draft came from M (draft model), L (prompt lookup), "
-                  "X (lookup extended by the model), P (none: plain).",
-              "t/s = generated tokens / decode seconds (prefill excluded); speedup = spec t/s ÷ plain t/s in "
-                  "this run (median: of the per-prompt ratios); bound = E(k)·t_plain / (k·t_draft + t_verify(k+1)) from the measured acceptance and costs."]
+    notes = ["α = accepted / tested draft positions (a step tests up to its first rejection), the per-token "
+             "acceptance of E(α, k); draft eff = accepted / drafted, lower because positions after a rejection are "
+             "drafted but never tested.",
+             "steps by: share of target passes whose draft came from M (draft model), L (prompt lookup), X (lookup "
+             "extended by the model), P (none: plain).",
+             "t/s = generated tokens / decode seconds (prefill excluded); speedup = spec t/s ÷ plain t/s in this run "
+             "(median: of the per-prompt ratios); bound = E(k)·t_plain / (k·t_draft + t_verify(k+1)) from the "
+             "measured acceptance and costs."]
+    lines += [""] + [line for note in notes for line in textwrap.wrap(note, WIDTH)]
     return "\n".join(lines)
+
+
+WIDTH = 118   # the prose fits a 120-column terminal (and the tables do, two per variant)
 
 
 def variant_label(key: str, drafter: str, tree: str | None = None) -> str:
@@ -353,6 +362,11 @@ def _tree_table(report: dict) -> list[str]:
         for group, g in _groups(report):
             t, ch = g["spec"][key], g["spec"][chain]
             vs, tr = t["against_chain"], t["tree"]
+            if not tr["tree_steps"]:   # no step verified a tree: nothing behind a tree-vs-chain ratio
+                rows.append([group, _f(ch["tokens_per_second"]), _f(t["tokens_per_second"]), "—",
+                             _f(ch["tokens_per_pass"], ".2f"), _f(t["tokens_per_pass"], ".2f"), "—",
+                             f"0/{t['n_steps']}", "—", "—"])
+                continue
             rows.append([group, _f(ch["tokens_per_second"]), _f(t["tokens_per_second"]),
                          f"{_f(vs['tokens_per_second'], '.2f')}× ({_f(vs['tokens_per_second_median'], '.2f')}×)",
                          _f(ch["tokens_per_pass"], ".2f"), _f(t["tokens_per_pass"], ".2f"),
@@ -365,15 +379,20 @@ def _tree_table(report: dict) -> list[str]:
     return lines
 
 
-def _lost(report: dict) -> list[str]:
-    """One plain line naming each speculative variant that was slower than plain decoding overall
-    (the tables' ratios are easy to misread on a busy machine, where speculation can lose)."""
+def _verdict(report: dict) -> list[str]:
+    """The report's lead: the best variant against plain overall, then the others; when every one was
+    slower, one plain line naming them all (the ratios are easy to misread where speculation loses)."""
     drafter = report["config"]["drafter"]
-    lost = [f"{key if drafter == 'auto' else f'{drafter} k={key}'} {s['speedup']:.2f}× plain"
-            for key, s in report["overall"]["spec"].items() if s["speedup"] is not None and s["speedup"] < 1]
-    if not lost:
+    ran = [(s["speedup"], key if drafter == "auto" else f"{drafter} k={key}")
+           for key, s in report["overall"]["spec"].items() if s["speedup"] is not None]
+    if ran and max(ran)[0] < 1:
+        listed = ", ".join(f"{name} {x:.2f}× plain" for x, name in ran)
+        return ["", f"speculation lost: {listed} (overall tokens/s: plain decoding was faster in this run)"]
+    if not ran:
         return []
-    return ["", f"speculation lost: {', '.join(lost)} (overall tokens/s: plain decoding was faster in this run)"]
+    (best, name), *rest = sorted(ran, key=lambda r: -r[0])
+    others = "; then " + ", ".join(f"{n} {x:.2f}×" for x, n in rest) if rest else ""
+    return ["", f"best: {name} {best:.2f}× plain decoding (overall tokens/s){others}"]
 
 
 def _prefill(s: dict) -> str:
