@@ -122,10 +122,6 @@ def threads_default(path: tuple[str, ...]) -> int | None:
     """The thread count `path` uses when --threads is not given, as its code computes it."""
     from localspec.cli import options as cli_options
 
-    if path == ("worker",):   # a worker serves with every core: its machine does nothing else
-        from localspec.machine import usable_cpus
-
-        return usable_cpus()
     return cli_options.threads_default(path[0]) if path else None
 
 

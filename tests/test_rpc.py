@@ -271,3 +271,19 @@ def test_the_latency_proxy_adds_its_delay_each_way():
             assert got == payload and 0.1 <= took < 0.5, took   # 50 ms each way
     loop.call_soon_threadsafe(task.cancel)
     echo.close()
+
+
+def test_a_worker_fits_its_threads_as_generate_does(monkeypatch):
+    """Every core regardless ran at 0.8 tokens/s over RPC on a 2-core machine with ~1 core taken (23
+    with one thread): without --threads the worker takes what generate's rule leaves free."""
+    from localspec import machine
+    from localspec.cli.worker import fit_threads, threads_line
+
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(machine, "other_now", lambda since=None: 1.0)
+    plan = fit_threads(None)
+    assert plan.threads == 1 and "fitted at start; other work keeps ~1.0 of 2 cores busy" in threads_line(plan)
+    monkeypatch.setattr(machine, "other_now", lambda since=None: 0.0)
+    assert fit_threads(None).threads == 2
+    asked = fit_threads(2)
+    assert asked.threads == 2 and "as --threads asks" in threads_line(asked)
