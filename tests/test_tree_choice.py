@@ -106,3 +106,28 @@ def test_sequences_each_setting_needs():
     assert DecodeConfig(tree="off").n_seq == 1
     assert DecodeConfig(tree="2,2").n_seq == 4
     assert DecodeConfig(tree="auto").n_seq == 8
+
+
+def test_a_fixed_shape_that_does_not_pay_falls_back_to_chains_not_to_plain():
+    """--tree 2,2 where a verify row is half a plain step: the tree loses to plain decoding, a chain
+    wins. Priced as trees only, every step decoded plainly (1.03 tokens/pass, against 7.27 with
+    --tree auto); the k controller now drafts chains there and says its tree would not pay."""
+    from localspec.decoding.controller import KController
+    from localspec.decoding.tree_drafts import choose_shape
+
+    c = KController(k_max=4)
+    c.tree_shape = (2, 2)
+    for _ in range(12):   # a row costs half a plain step; the draft model is cheap and right 90 % of the time
+        for b in range(1, 8):
+            c.observe_verify(b, 0.010 + 0.005 * (b - 1))
+        c.observe_draft(2, 2, 0.0004)
+        c.observe_draft(2, 1, 0.0004)
+    k = c.choose()
+    assert k >= 1, "a chain pays: not plain decoding"
+    assert c.tree_pays is not None and not c.tree_pays[k]
+
+    class Auto:   # choose_shape reads only who drafts this step (an AutoDrafter's plan)
+        _plan = type("Plan", (), {"source": "model"})()
+    assert choose_shape((2, 2), c, Auto(), [1, 2, 3], k, width=4) is None   # a chain this step
+    c.tree_pays = None
+    assert choose_shape((2, 2), c, Auto(), [1, 2, 3], k, width=4) == (2, 2)   # nothing priced: as asked

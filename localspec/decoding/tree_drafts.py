@@ -196,9 +196,10 @@ def choose_shape(setting, controller, drafter, context, k: int, width: int) -> t
     source = source_of(drafter)
     if setting == "off" or k < 1 or width < 2 or source not in ("model", "lookup"):
         return None
-    if isinstance(setting, tuple):
+    if isinstance(setting, tuple):   # the shape asked for, unless its k controller found a chain pays more
         shape = fit_shape(setting, width)
-        return shape if tree_leaves(shape) > 1 else None
+        pays = getattr(controller, "tree_pays", None)
+        return shape if tree_leaves(shape) > 1 and (pays is None or k >= len(pays) or pays[k]) else None
     if controller.starting() or controller.verify_cost(1) is None:
         return None   # nothing measured yet to compare a tree with
     kept = controller.trees.kept(source, width)

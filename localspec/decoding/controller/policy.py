@@ -77,6 +77,7 @@ class KController:
         self.first_decode = BatchCost()
         self.trees = TreeChooser()   # `--tree auto`: sibling acceptance, tree or chain
         self.tree_shape: tuple[int, ...] | None = None   # a fixed --tree SHAPE (set by the decoder)
+        self.tree_pays: np.ndarray | None = None   # with it: per k, whether its tree beats a chain
         self.batch = None
         """`batch.SlotShare` when this controller's generation shares its decodes with others:
         verify and draft costs are then its share of the batch's (see `batch`)."""
@@ -138,11 +139,14 @@ class KController:
         """(expected tokens, seconds) of one draft-model step for k = 0..k_top, as `choose` sees
         them; `optimism`: standard errors added to acceptance where it rests on few trials."""
         rates = self.acceptance.rates(k_top, optimism)
-        if self.tree_shape:   # a fixed --tree SHAPE: each k is priced as the tree it drafts
-            return self.trees.estimates(self.tree_shape, rates, self._draft_seconds(k_top),
-                                        self.first_decode.extra(3), self.verify_curve)
         tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(rates))))
-        return tokens, self._draft_seconds(k_top) + self.verify_curve(k_top + 1)
+        seconds = self._draft_seconds(k_top) + self.verify_curve(k_top + 1)
+        if self.tree_shape:   # a fixed --tree SHAPE: each k drafts its tree, or a chain where that pays more
+            tree_tokens, tree_seconds = self.trees.estimates(self.tree_shape, rates, self._draft_seconds(k_top),
+                                                             self.first_decode.extra(3), self.verify_curve)
+            self.tree_pays = tree_tokens * seconds >= tokens * tree_seconds
+            return np.where(self.tree_pays, tree_tokens, tokens), np.where(self.tree_pays, tree_seconds, seconds)
+        return tokens, seconds
 
     def _draft_seconds(self, k_top: int) -> np.ndarray:
         if self.batch is not None and not self.draft_cost_free:
