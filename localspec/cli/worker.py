@@ -54,13 +54,16 @@ def register(app: typer.Typer) -> None:
             thread = rpc.serve(host, port, plan.threads, devices, cache_dir)
         except (EngineError, OSError) as e:
             o.fail(e)
-        served = ", ".join(f"{d['name']} ({d['description']})" for d in map(rpc.describe, devices))
-        typer.echo(f"localspec worker: serving {served} on {host}:{port}; use it with --rpc {host}:{port}", err=True)
-        typer.echo(f"localspec worker: {threads_line(plan)}", err=True)
-        if not _loopback(host):
-            typer.echo("localspec worker: warning: the RPC protocol has no authentication; anyone who reaches "
-                       f"{host}:{port} can use these devices. Run it only on a network you trust.", err=True)
+        # From here a Ctrl-C must end the process at once, wherever it lands: llama.cpp's accept loop
+        # never returns, so an interpreter exiting normally would wait for its thread for ever.
         try:
+            served = ", ".join(f"{d['name']} ({d['description']})" for d in map(rpc.describe, devices))
+            typer.echo(f"localspec worker: serving {served} on {host}:{port}; use it with --rpc {host}:{port}",
+                       err=True)
+            typer.echo(f"localspec worker: {threads_line(plan)}", err=True)
+            if not _loopback(host):
+                typer.echo("localspec worker: warning: the RPC protocol has no authentication; anyone who reaches "
+                           f"{host}:{port} can use these devices. Run it only on a network you trust.", err=True)
             while thread.is_alive():
                 thread.join(0.5)
         except KeyboardInterrupt:
