@@ -246,7 +246,7 @@ class Verdict:
     """Under a grammar, the rows' grammar states (constrain.RowStates), else None."""
     t_decoded: float
     """perf_counter() when the target's decode returned."""
-    path: list[int] = ()
+    path: Sequence[int] = ()
     """A tree's accepted nodes (empty for a chain)."""
 
 

@@ -154,12 +154,12 @@ async def internal_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(ApiError(message, status=500, kind="server_error").body(), status_code=500)
 
 
-ENDPOINTS = ("GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions", "GET /health", "GET /metrics")
-
-
 async def index(request: Request) -> JSONResponse:
-    """`GET /`: where the API is, for a person or a client probing the address."""
-    return JSONResponse({"name": "localspec", "api": "OpenAI-compatible, under /v1", "endpoints": list(ENDPOINTS)})
+    """`GET /`: where the API is, for a person or a client probing the address (the app's own
+    routes, so the list cannot drift from them)."""
+    endpoints = [f"{method} {route.path}" for route in request.app.routes if route.path != "/"
+                 for method in sorted(route.methods - {"HEAD"})]
+    return JSONResponse({"name": "localspec", "api": "OpenAI-compatible, under /v1", "endpoints": endpoints})
 
 
 async def collect(job) -> tuple[str, dict]:
