@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from localspec.decoding.controller import REFRESH_PLAIN, WARM_TRUST, KController, expected_tokens
+from localspec.decoding.controller import EXPLORE_FIRST, REFRESH_PLAIN, WARM_TRUST, KController, expected_tokens
 from localspec.decoding.drafters import best_lookup
 from localspec.decoding.lookup import class_of
 
@@ -337,14 +337,19 @@ def test_costly_resume_spaces_probes_out():
 
 def test_hopeless_costs_stop_probing_almost_entirely():
     """Drafting a token costs as much as a plain step (F16 target + Q4_1 draft on a CPU): even with
-    every draft accepted speculation would lose, so the controller hardly ever probes."""
+    every draft accepted speculation would lose, so the controller hardly ever probes: after 16
+    plain steps, then 32, 64... up to every 1024 (a busy moment's verdict is re-tested soon)."""
     c = KController(8)
-    n = 0
-    for _ in range(3000):
+    n, seconds, lost = 0, 0.0, 0.0
+    for step in range(3000):
         k = c.choose()
         n += k > 0
-        c.observe(k, k, k, 0.009 * k, 0.009 + 0.003 * k)  # all accepted, and still no gain
-    assert n <= 2 + 3  # the two measuring steps, then a probe per ~1000 steps
+        t = 0.009 * k + 0.009 + 0.003 * k   # all accepted, and still no gain
+        c.observe(k, k, k, 0.009 * k, 0.009 + 0.003 * k)
+        seconds += t
+        lost += (t - (k + 1) * 0.009) if step >= 2 else 0.0
+    assert n <= 2 + 7  # the two measuring steps, then probes 16, 32, ..., 1024, 1024 steps apart
+    assert lost < 0.002 * seconds   # they cost < 0.2 % of the time
     assert c.choose() == 0
 
 
@@ -386,13 +391,19 @@ def test_warm_start_drafts_the_best_k_from_the_first_step():
     assert np.mean(warm) > np.mean(cold), (warm, cold)
 
 
-def test_warm_start_on_an_unprofitable_pair_never_drafts_at_start():
+def test_warm_start_on_an_unprofitable_pair_drafts_only_to_test_the_record():
+    """A true record of a losing pair: no drafting at start; one probe after EXPLORE_FIRST plain
+    steps tests it (a record can be stale), then the measured verdict probes hopeless-rarely. What
+    the probes lose stays far inside EXPLORE_BUDGET."""
     def verify(b):
         return (9 + 3 * (b - 1)) * MS
     learned = _learned_on(lambda i: 1.0, 9 * MS, verify, steps=300)
     warm = _warm(learned)
     ks = simulate(warm, np.random.default_rng(2), 300, lambda s, p: 1.0, verify, 9 * MS)
-    assert ks[:50] == [0] * 50 and sum(k > 0 for k in ks) <= 1
+    assert ks[:EXPLORE_FIRST - 1] == [0] * (EXPLORE_FIRST - 1)
+    assert sum(k > 0 for k in ks) <= 5, ks     # 16, then 16, 32, 64, 128 steps apart
+    lost = sum(9 * MS * k + verify(k + 1) - (k + 1) * verify(1) for k in ks)
+    assert lost < 0.02 * sum(9 * MS * k + verify(k + 1) for k in ks)
 
 
 def test_a_wrong_prior_is_overridden_by_fresh_measurements():
@@ -414,7 +425,8 @@ def test_a_wrong_prior_is_overridden_by_fresh_measurements():
 
 def test_learned_state_is_json_and_a_fixed_k_ignores_nothing_it_needs():
     learned = _learned_on(lambda i: 0.8, 2 * MS, cpu_verify, steps=100)
-    assert set(learned) == {"verify", "draft_cost", "draft_by_n", "resume_cost", "alpha", "by_position", "trials"}
+    assert set(learned) == {"verify", "draft_cost", "draft_by_n", "resume_cost", "alpha", "by_position", "trials",
+                            "first_decode"}
     assert 0 < learned["alpha"] < 1 and learned["draft_cost"] > 0 and "1" in learned["verify"]
     fixed = _warm(learned, fixed_k=3)
     assert fixed.choose() == 3
@@ -537,14 +549,17 @@ def test_a_record_from_a_busy_moment_is_forgotten_unless_confirmed():
     """A record written while the machine was busy prices batches 3-6× too high. Believed for
     ever it would keep both drafters plain, so no size would be re-timed: prompt lookup never
     probes, and the model's probes become hopeless-rare. Recorded sizes that no step confirms
-    within WARM_TRUST steps are forgotten, and drafting comes back."""
+    within WARM_TRUST steps are forgotten; before that, the probe that tests a record's verdict
+    after EXPLORE_FIRST plain steps re-times a size, which sets the record's level to today's, and
+    drafting comes back at once."""
     today = linear_verify(0.05)
     busy = {b: today(1) * (3 + 1.5 * (b - 1) if b > 1 else 1) for b in range(1, 14)}
     model = KController(k_max=12)
     model.warm_start(busy, 1 * MS, None, 0.9, None)
     ks = simulate(model, np.random.default_rng(5), 300, lambda s, p: 0.9, today, 1 * MS)
-    assert not any(ks[:WARM_TRUST - 1])                  # the record is believed at first...
-    assert np.mean(np.array(ks[WARM_TRUST + 40:]) > 1) > 0.9, np.bincount(ks)   # ...not for ever
+    assert not any(ks[:EXPLORE_FIRST - 1])                 # the record is believed at first...
+    assert np.mean(np.array(ks[EXPLORE_FIRST + 8:WARM_TRUST]) > 1) > 0.9, ks   # ...not for long
+    assert np.mean(np.array(ks[WARM_TRUST + 40:]) > 1) > 0.9, np.bincount(ks)
 
     lookup = KController(k_max=12, draft_cost_free=True)
     lookup.warm_start(busy, 0.0, None, 0.9, None)
@@ -614,3 +629,78 @@ def test_a_cold_first_timing_that_set_the_record_level_is_undone_by_a_faster_sec
     warm.observe(0, 0, 0, 0.0, before[0])
     np.testing.assert_allclose([warm.verify_cost(b) for b in range(1, 14)], before, rtol=1e-9)
     assert warm.draft_cost == pytest.approx(draft)
+
+
+# ---- a stale record: tested within the run, at a bounded price (probes.py) -------------------------
+
+def test_a_record_that_says_the_drafter_never_pays_is_tested_and_dropped_within_the_run():
+    """A record from a busy hour: drafting 30× dearer than it is, α 0.1 where it is 0.9. Believed,
+    it keeps the controller plain, and nothing re-times what is never tried. The record's verdict is
+    tested after EXPLORE_FIRST plain steps; the test's fully accepted draft refutes its α, and the
+    run speculates as a cold one would, well within a 256-token run."""
+    rate_at, draft, verify = (lambda i: 0.9), 1 * MS, linear_verify(0.05)
+    true = _learned_on(lambda i: 0.9, draft, verify)
+    stale = dict(true, draft_cost=30 * true["draft_cost"], draft_by_n={n: 30 * t for n, t in true["draft_by_n"].items()},
+                 alpha=0.1, by_position=[0.1] * 12)
+    warm, cold = _warm(stale), KController(k_max=12)
+    assert warm.choose() == 0
+    runs = {}
+    for name, ctrl in (("warm", warm), ("cold", cold)):
+        ks = _tokens_run(ctrl, 3, 256, rate_at, verify, draft)
+        runs[name] = realised_vs_plain(ks, [0.9] * 12, draft, verify)
+        if name == "warm":
+            first = next(i for i, k in enumerate(ks) if k)
+            assert first <= EXPLORE_FIRST + 1, ks
+            assert np.mean(np.array(ks[first + 4:]) > 1) > 0.9, ks
+    assert runs["warm"] >= 0.9 * runs["cold"], runs
+
+
+def test_a_true_record_of_a_losing_pair_costs_one_probe_to_confirm():
+    """The same test on a record that is right (the draft model never pays here): one probe of
+    PROBE_K tokens, then the measured verdict's rare probes; the controller never adopts drafting."""
+    def verify(b):
+        return (9 + 3 * (b - 1)) * MS
+    warm = _warm(_learned_on(lambda i: 0.6, 9 * MS, verify, steps=300))
+    ks = _tokens_run(warm, 4, 256, lambda p: 0.6, verify, 9 * MS)
+    assert sum(k > 0 for k in ks) <= 5 and max(ks) <= 3, ks   # 16, then 16, 32, 64, 128 apart
+
+
+def test_probes_lose_at_most_the_budget_whatever_the_estimates_say():
+    """Probes priced by estimates alone could cost anything when the estimates are wrong (a record,
+    a busy moment). Measured, what they lose stays under EXPLORE_BUDGET of the time decoded, plus
+    one probe: here every probe is much dearer than the estimates think (drafting costs 20× what
+    the controller saw at start-up), and the estimate keeps saying "almost break-even"."""
+    from localspec.decoding.controller.probes import EXPLORE_BUDGET
+
+    c = KController(k_max=8)
+    seconds = lost = 0.0
+    worst = 0.0
+    for step in range(2000):
+        k = c.choose()
+        probing = c.probes.probing
+        t_draft = k * (1 * MS if step < 2 else 20 * MS)   # start-up saw a cheap draft
+        t_verify = 10 * MS + 1 * MS * k
+        n_acc = k if step < 2 else 0                       # and full acceptance
+        c.observe(k, k, n_acc, t_draft, t_verify)
+        if step >= 2:
+            seconds += t_draft + t_verify
+            if probing:
+                loss = t_draft + t_verify - (n_acc + 1) * 10 * MS
+                lost += loss
+                worst = max(worst, loss)
+    assert lost <= EXPLORE_BUDGET * seconds + worst, (lost, seconds)
+    assert c.probes.count >= 3   # and it still probes now and then
+
+
+def test_a_probe_that_another_drafter_served_is_made_at_the_next_step():
+    from localspec.decoding.controller.probes import Probes
+
+    p = Probes()
+    tokens, seconds = np.array([1.0, 1.5, 1.8]), np.array([1.0, 1.8, 2.4])
+    ks = [p.choose(tokens, seconds, 2, None, True) for _ in range(PROBE_EVERY_CAP)]
+    due = ks.index(next(k for k in ks if k))
+    p.defer()   # prompt lookup won that step
+    assert p.choose(tokens, seconds, 2, None, True) > 0 and p.probing
+
+
+PROBE_EVERY_CAP = 64

@@ -181,6 +181,89 @@ def test_without_a_window_given_other_work_since_load_into_decides(pair, two_cpu
     assert warmstart.read(warmstart.session_key(pair))["verify"]
 
 
+def _jittery(spread: float) -> KController:
+    """A controller whose timings of each size stray about `spread` (a share) from step to step:
+    load that came and went within the run, which the machine's counters over the run miss."""
+    c = KController(8)
+    for i in range(40):
+        f = 1 + spread * (1 if i % 2 else -1)
+        k = 4 if i % 3 else 0
+        c.observe(k, k, k, 0.002 * k * f, (0.010 + 0.003 * k) * f)
+    return c
+
+
+def test_an_erratic_run_saves_its_alpha_but_not_its_timings(pair):
+    assert _trained().verify_costs.jitter is None      # too few timings compared to tell
+    steady = _jittery(0.02)
+    assert steady.verify_costs.jitter < warmstart.JITTER_STEADY
+    path = warmstart.save(steady, pair, "model", 0.0, run=QUIET)
+    rec = json.loads(path.read_text())
+    assert rec["weight"] == 1.0 and rec["verify"] and rec["measured"]["jitter"] < warmstart.JITTER_STEADY
+    erratic = _jittery(0.6)
+    assert erratic.verify_costs.jitter > warmstart.JITTER_ERRATIC
+    warmstart.save(erratic, pair, "model", 0.0, run=QUIET)
+    after = json.loads(path.read_text())
+    assert after["verify"] == rec["verify"] and after["weight"] == 1.0
+    assert after["drafters"]["model"]["draft_cost"] == rec["drafters"]["model"]["draft_cost"]
+
+
+def test_a_somewhat_erratic_run_is_saved_with_less_weight_and_believed_less(pair):
+    c = _jittery(0.12)
+    w = warmstart.steadiness(c.verify_costs.jitter)
+    assert warmstart.MIN_WEIGHT <= w < 0.9
+    rec = json.loads(warmstart.save(c, pair, "model", 0.0, run=QUIET).read_text())
+    assert rec["weight"] == pytest.approx(w, abs=1e-3)
+    warm, full = KController(8), KController(8)
+    warmstart.apply(warm, rec, "model", 0.0)
+    warmstart.apply(full, rec | {"weight": 1.0}, "model", 0.0)
+    assert warm.record_weight == pytest.approx(w, abs=1e-3) and full.record_weight == pytest.approx(1.0, abs=1e-3)
+    assert warm.verify_costs.trust < full.verify_costs.trust        # untimed sizes forgotten sooner
+    assert warm.acceptance._w < full.acceptance._w                  # its α is worth fewer trials
+    # A run weighing less than half of the record does not overwrite the record's timings.
+    before = json.loads(warmstart.save(_jittery(0.02), pair, "model", 0.0, run=QUIET).read_text())
+    shaky = _jittery(0.18)
+    assert warmstart.MIN_WEIGHT <= warmstart.steadiness(shaky.verify_costs.jitter) < 0.5
+    warmstart.save(shaky, pair, "model", 0.0, run=QUIET)
+    after = warmstart.read(warmstart.session_key(pair))
+    assert after["verify"] == before["verify"] and after["weight"] == 1.0
+
+
+def test_a_records_weight_halves_every_half_life(pair):
+    rec = json.loads(warmstart.save(_jittery(0.02), pair, "model", 0.0, run=QUIET).read_text())
+    later = rec["saved"] + warmstart.HALF_LIFE_DAYS * 86400
+    assert warmstart.weight(rec, now=later) == pytest.approx(0.5 * rec["weight"])
+
+
+def test_the_draft_models_catch_up_costs_are_kept(pair):
+    """Without them a warm run's first catch-up is split by the prior's slope: half of re-reading
+    16 missed tokens was counted as drafting, which doubled the draft cost the record's test saw."""
+    c = _trained()
+    for n, t in ((1, 0.004), (2, 0.005), (16, 0.020), (8, 0.012)):
+        c.first_decode.observe(n, t)
+    rec = json.loads(warmstart.save(c, pair, "model", 0.0, run=QUIET).read_text())
+    assert rec["drafters"]["model"]["first_decode"]["16"] == pytest.approx(0.020)
+    warm = KController(8)
+    warmstart.apply(warm, rec, "model", 0.0)
+    assert warm.first_decode.predict(16) == pytest.approx(c.first_decode.predict(16))
+    warm.observe(0, 0, 0, 0.0, 2 * rec["verify"]["1"])    # today the machine runs at half speed
+    assert warm.first_decode.predict(16) == pytest.approx(2 * c.first_decode.predict(16))
+
+
+def test_doctor_tells_what_a_record_decides(pair):
+    from localspec.loading import record_view
+
+    good = _trained()
+    warmstart.save(good, pair, "model", 0.0, run=QUIET)
+    shown = record_view.describe(warmstart.session_key(pair))
+    assert shown["weight"] == pytest.approx(1.0, abs=1e-3) and shown["age_days"] < 0.01
+    assert shown["decisions"]["model"]["greedy"]["k"] > 0 and shown["decisions"]["model"]["greedy"]["speedup"] > 1
+    rec = warmstart.read(warmstart.session_key(pair))
+    rec["drafters"]["model"]["draft_cost"] *= 30
+    rec["drafters"]["model"]["draft_by_n"] = {n: 30 * t for n, t in rec["drafters"]["model"]["draft_by_n"].items()}
+    plain = record_view.decision(rec, "model", "greedy")
+    assert plain["k"] == 0 and plain["speedup"] < 1 and plain["retest_after"] > 0
+
+
 def _generate(model_paths, *extra):
     """One `generate --json` run, in this process so that `machine.loaded` can be set (whether the
     machine the tests share is busy must not decide what they see)."""

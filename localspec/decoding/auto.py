@@ -101,6 +101,8 @@ def choose(controller, candidate: Sequence[int], classes: Sequence[int], lag: in
             best, plan = float(mixed[m, j]), Plan("mixed", int(m + j + 2), int(m + 1))
     if plan is PLAIN and k_model:
         return model   # the controller's probe: how it learns that the model pays again
+    if plan is not model:
+        controller.probes.defer()   # lookup served the step: the probe waits for the next one
     return plan
 
 

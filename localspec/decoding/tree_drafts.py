@@ -202,6 +202,8 @@ def choose_shape(setting, controller, drafter, context, k: int, width: int) -> t
         return shape if tree_leaves(shape) > 1 and (pays is None or k >= len(pays) or pays[k]) else None
     if controller.starting() or controller.verify_cost(1) is None:
         return None   # nothing measured yet to compare a tree with
+    if controller.probes.probing:
+        return None   # a probe times the chain's drafting and acceptance, which decide plain or not
     kept = controller.trees.kept(source, width)
     if kept is not None:
         return kept[0]   # the decision of a recent step with the same k: no curve to fit
@@ -261,8 +263,9 @@ def learn_tree(drafter, controller, k: int, draft: Draft, path: Sequence[int], t
             drafting, catchup = split_draft_time(controller, draft, t_draft)
             # every depth was drafted (and timed); the first proposals were tested up to n_tested
             controller.observe_draft(tree.depth(), n_acc, max(drafting - extra, 0.0), catchup)
-        else:
+        else:   # the tree chooser keeps the tree's costs; its first proposals are the chain's
             controller.acceptance.observe(tree.depth(), n_acc)
+            controller.drafted_here = True
     elif source == "lookup":
         controller.lookup.observe(draft.classes[:n_tested], n_acc)
     lookup = drafter if isinstance(drafter, PromptLookup) else getattr(drafter, "lookup", None)

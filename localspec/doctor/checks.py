@@ -16,7 +16,7 @@ import subprocess
 from typing import Sequence
 
 from localspec import engine, machine
-from localspec.loading import warmstart
+from localspec.loading import record_view, warmstart
 from localspec.loading.vocab import compare as compare_vocab
 from .calibrate import calibrate, chat_tokens
 from localspec.config import N_BATCH, Placement, SamplingConfig
@@ -334,7 +334,7 @@ def diagnose(target_path: str, draft_path: str | None, drafters: Sequence[str], 
         busy = calibration["machine"]["busy"] if calibration else None
         refused = busy if busy and not save_anyway else None
         saved = [] if refused else [str(p) for p in warmstart.save_calibration(target, draft, gpu_layers, calibration)]
-        warm = warmstart.describe(keys[0]) | {"forgotten": forgotten, "saved": saved, "not_saved": refused}
+        warm = record_view.describe(keys[0]) | {"forgotten": forgotten, "saved": saved, "not_saved": refused}
         return {"build": build, "devices": devices, "placement": {r: p.record() for r, p in placement.items()},
                 "threads": plan.threads, "thread_choice": plan.as_dict() | {"warning": plan.warning},
                 "models": {"target": shapes["target"], "draft": shapes.get("draft")},

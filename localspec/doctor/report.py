@@ -31,12 +31,27 @@ def _warm_line(w: dict) -> str:
     for name, d in w["drafters"].items():
         alpha = " ".join(f"{b} {a['alpha']:.2f}" for b, a in d.get("alpha", {}).items())
         cost = f", draft {d['draft_cost'] * 1e3:.2f} ms/token" if d.get("draft_cost") is not None else ""
-        parts.append(f"{name}: α {alpha or '—'}{cost}")
+        decided = "; ".join(_decided(b, x) for b, x in (w.get("decisions") or {}).get(name, {}).items())
+        parts.append(f"{name}: α {alpha or '—'}{cost}" + (f" → {decided}" if decided else ""))
     verify = w["verify"]
     v1 = f"verify b=1 {verify['1'] * 1e3:.1f} ms · " if "1" in verify else ""
     saved = " (just written by this calibration)" if w["saved"] else ""
-    return (f"{done}{w['age_days']:.1f} days old{saved}: {v1}{'; '.join(parts) or 'no drafter data'} · "
+    worth = ""
+    if w.get("weight") is not None:
+        worth = f", weight {w['weight']:.2f}" + (f" (written {w['written_weight']:.2f})"
+                                                   if abs(w["written_weight"] - w["weight"]) >= 0.005 else "")
+    return (f"{done}{w['age_days']:.1f} days old{worth}{saved}: {v1}{'; '.join(parts) or 'no drafter data'} · "
             f"{w['path']} (`doctor --forget` deletes it; --no-warm-start ignores it)")
+
+
+def _decided(band: str, d: dict) -> str:
+    """What a run in this band starts with (warmstart.decision); a plain start is re-tested soon."""
+    if d["k"] is None:
+        return f"{band}: nothing to decide on"
+    if d["k"] == 0:
+        best = f" (best {d['speedup']:.2f}× plain)" if d["speedup"] is not None else ""
+        return f"{band} starts plain{best}, re-tested after {d['retest_after']} plain steps"
+    return f"{band} starts at k={d['k']} ({d['speedup']:.2f}× plain)"
 
 
 def _threads_line(t: dict) -> str:

@@ -12,7 +12,7 @@ One JSON record per model pair, machine, thread count and GPU layers, in `<cache
   position, as everywhere (localspec.decoding.stats), and `trials` counts tested positions; records have
   always stored α so (the controller and doctor's calibration count trials that way), and
   `trials` is informational only, so older records stay valid as they are.
-`localspec doctor` shows the record and `doctor --forget` deletes it; `--no-warm-start` (or
+`localspec doctor` shows the record (`record_view`) and `doctor --forget` deletes it; `--no-warm-start` (or
 LOCALSPEC_NO_WARM_START=1) neither reads nor writes it. A stale, foreign or corrupt record is
 ignored (a note under LOCALSPEC_VERBOSE), never fatal.
 
@@ -22,6 +22,14 @@ describe a machine slower than this one (seen: verify 910 ms against 17 ms, whic
 runs plain). Not saving beats saving them down-weighted: a record is replayed as one set of costs,
 so a down-weighted one would still set the first steps' choices, and the previous, quiet record is
 the better start. `measured` keeps the conditions a record's timings were taken in.
+
+Load that comes and goes within a run is not seen by that test; it shows in the timings themselves,
+which stray from step to step (`VerifyCost.jitter`). A record's `weight` (0..1) says how steady the
+run that wrote it was: 1 up to JITTER_STEADY, 0 at JITTER_ERRATIC. A run under MIN_WEIGHT saves α
+but not its timings, and a run's timings replace a record's only where it weighs at least half as
+much as the record does now. A record's weight halves every HALF_LIFE_DAYS. A warm start believes
+a record by its weight (`KController.warm_start`), and a verdict that rests on the record alone is
+re-tested within the run at a bounded price (`decoding.controller.probes`).
 """
 
 from __future__ import annotations
@@ -43,6 +51,10 @@ from localspec.machine import usable_cpus
 
 SCHEMA = "localspec.controller/1"
 MAX_AGE_DAYS = 30   # older records are stale: drivers, builds and machines change
+HALF_LIFE_DAYS = 7  # a record's weight halves in this time: longer trusts an old record longer
+JITTER_STEADY = 0.08    # timings straying up to ~8 % from step to step (quiet runs: 2.5-5 %)...
+JITTER_ERRATIC = 0.3    # ...weigh 1, at ~30 % 0 (load that comes and goes: 24-27 % seen)
+MIN_WEIGHT = 0.3    # a run weighing less saves α but not its timings
 
 # Per controller, when what it has timed since began (its `load_into` or last `save`): the window
 # whose other work `save` judges when the caller has no decoding window of its own to give.
@@ -146,12 +158,15 @@ def _check(rec: dict) -> None:
     verify = rec["verify"]
     if not isinstance(verify, dict) or not all(k.isdigit() and _positive(v) for k, v in verify.items()):
         raise ValueError("bad verify costs")
+    if rec.get("weight") is not None and not (_positive(rec["weight"]) and rec["weight"] <= 1):
+        raise ValueError("bad weight")
     for name, d in rec["drafters"].items():
         for field in ("draft_cost", "resume_cost"):
             if d.get(field) is not None and not _positive(d[field]):
                 raise ValueError(f"bad {name}.{field}")
-        if not all(n.isdigit() and _positive(t) for n, t in d.get("draft_by_n", {}).items()):
-            raise ValueError(f"bad {name}.draft_by_n")
+        for field in ("draft_by_n", "first_decode"):
+            if not all(n.isdigit() and _positive(t) for n, t in d.get(field, {}).items()):
+                raise ValueError(f"bad {name}.{field}")
         for b, a in d.get("alpha", {}).items():
             if not (_positive(a["alpha"]) and a["alpha"] <= 1):
                 raise ValueError(f"bad {name}.alpha.{b}")
@@ -175,8 +190,24 @@ def apply(controller: KController, rec: dict | None, drafter: str, temperature: 
     a = d.get("alpha", {}).get(band(temperature))
     controller.warm_start(verify, d.get("draft_cost"), d.get("resume_cost"),
                           a["alpha"] if a else None, a.get("by_position") if a else None,
-                          {int(n): float(t) for n, t in d.get("draft_by_n", {}).items()})
+                          {int(n): float(t) for n, t in d.get("draft_by_n", {}).items()},
+                          weight=weight(rec),
+                          first_decode={int(n): float(t) for n, t in d.get("first_decode", {}).items()})
     return bool(verify)
+
+
+def weight(rec: dict, now: float | None = None) -> float:
+    """What a record is worth now: the steadiness of the run that wrote it (records from before
+    weights count 1), halved every HALF_LIFE_DAYS."""
+    age = max((time.time() if now is None else now) - float(rec["saved"]), 0.0) / 86400
+    return float(rec.get("weight", 1.0)) * 0.5 ** (age / HALF_LIFE_DAYS)
+
+
+def steadiness(jitter: float | None) -> float:
+    """A run's weight from how its timings strayed (`VerifyCost.jitter`; None: too few to tell)."""
+    if jitter is None:
+        return 1.0
+    return float(min(max((JITTER_ERRATIC - jitter) / (JITTER_ERRATIC - JITTER_STEADY), 0.0), 1.0))
 
 
 def load_into(controller: KController, session, drafter: str, temperature: float) -> bool:
@@ -206,24 +237,46 @@ def save(controller: KController, session, drafter: str | None, temperature: flo
         return None
     threads = session.target.n_threads
     busy = _loaded_during(controller, run, threads)
+    busy = busy and f"{busy} during the run"
+    steady = steadiness(controller.verify_costs.jitter)
+    if not busy:
+        busy = _erratic(steady, controller.verify_costs.jitter, session)
     if busy:
-        _note(f"warm start: timings not saved: {busy} during the run (α is)")
+        _note(f"warm start: timings not saved: {busy} (α is)")
     drafter = record_name(drafter)
     update: dict = {}
     if drafter and drafter != "none":
         if not busy:
-            update = {f: learned[f] for f in ("draft_cost", "resume_cost", "draft_by_n") if learned[f] is not None}
+            update = {f: learned[f] for f in ("draft_cost", "resume_cost", "draft_by_n", "first_decode")
+                      if learned[f] is not None}
         if learned["alpha"] is not None:
             update["alpha"] = {band(temperature): {
                 "alpha": learned["alpha"], "by_position": learned["by_position"], "trials": learned["trials"]}}
     if busy and not update:
         return None
     try:
+        measured = None if busy or run is None else run.as_dict(threads)
+        if measured is not None and controller.verify_costs.jitter is not None:
+            measured["jitter"] = round(controller.verify_costs.jitter, 3)
         return _merge(session_key(session), {} if busy else learned["verify"], {drafter: update} if update else {},
-                      None if busy or run is None else run.as_dict(threads))
+                      measured, None if busy else steady)
     except Exception as e:
         _note(f"warm start: could not save the controller record ({type(e).__name__}: {e})")
         return None
+
+
+def _erratic(steady: float, jitter: float | None, session) -> str | None:
+    """Why a run's timings should not replace the record's: too erratic to save, or weighing
+    less than half of what the record weighs now; None when they should."""
+    if steady < MIN_WEIGHT:
+        return f"its timings strayed {jitter:.0%} from step to step (erratic)"
+    try:
+        old = read(session_key(session))
+    except Exception:   # noqa: BLE001 - a warm start is an optimisation
+        old = None
+    if old is not None and old.get("verify") and steady < 0.5 * weight(old):
+        return f"its timings (weight {steady:.2f}) were less steady than the record's ({weight(old):.2f})"
+    return None
 
 
 def _loaded_during(controller: KController, run: machine.Usage | None, threads: int) -> str | None:
@@ -267,13 +320,19 @@ def save_calibration(target, draft, gpu_layers: dict[str, int], calibration: dic
     return written
 
 
-def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None) -> Path:
+def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None,
+           steady: float | None = None) -> Path:
     """Update the record of key `k` (verify costs by size, per-drafter fields) atomically;
-    `measured`: the conditions new timings were taken in (`machine.Usage.as_dict`)."""
+    `measured`: the conditions new timings were taken in (`machine.Usage.as_dict`); `steady`: the
+    weight of those timings (`steadiness`), None when none are saved."""
     rec = read(k) or {"schema": SCHEMA, "key": k, "verify": {}, "drafters": {}}
     rec["verify"].update({str(b): float(t) for b, t in verify.items()})
     if measured is not None:
         rec["measured"] = measured
+    if verify and steady is not None:
+        rec["weight"] = round(steady, 3)
+    elif rec.get("weight") is not None:   # α alone: the timings keep their weight, aged to now
+        rec["weight"] = round(weight(rec), 3)
     for name, fields in drafters.items():
         d = rec["drafters"].setdefault(name, {})
         alpha = fields.get("alpha", {})
@@ -312,14 +371,3 @@ def forget(k: dict) -> Path | None:
         return path
     except FileNotFoundError:
         return None
-
-
-def describe(k: dict) -> dict:
-    """The record of key `k`, for `doctor`: where it is, whether it is used, its age and contents."""
-    path = path_for(k)
-    rec = read(k) if enabled() else None
-    out: dict = {"path": str(path), "enabled": enabled(), "exists": path.exists(), "usable": rec is not None}
-    if rec is not None:
-        out.update(age_days=(time.time() - rec["saved"]) / 86400, verify=rec["verify"], drafters=rec["drafters"],
-                   measured=rec.get("measured"))
-    return out

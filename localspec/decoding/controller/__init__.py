@@ -4,7 +4,7 @@
 parts it learns with: `costs` (the target's verify cost by batch size, the shared EWMA and fit
 rules, a warm start's record giving way to today's timings), `draft_costs` (the draft model's
 drafting and catch-up costs), `alpha` (acceptance overall and per draft position, change detection)
-`probes` (when to speculate while plain wins) and `trees` (`--tree auto`: sibling acceptance by rank
+`probes` (when to speculate while plain wins, and testing a warm start's verdict at a bounded price) and `trees` (`--tree auto`: sibling acceptance by rank
 and whether a tree beats the chain).
 
 May import: numpy, `localspec.decoding.lookup`, and the top-level `localspec.config`,
@@ -16,5 +16,7 @@ decoder reports.
 from .alpha import ALPHA_PRIOR, ALPHA_PRIOR_WEIGHT, expected_tokens
 from .costs import WARM_TRUST
 from .policy import REFRESH_PLAIN, KController
+from .probes import EXPLORE_FIRST
 
-__all__ = ["ALPHA_PRIOR", "ALPHA_PRIOR_WEIGHT", "REFRESH_PLAIN", "WARM_TRUST", "KController", "expected_tokens"]
+__all__ = ["ALPHA_PRIOR", "ALPHA_PRIOR_WEIGHT", "EXPLORE_FIRST", "REFRESH_PLAIN", "WARM_TRUST", "KController",
+           "expected_tokens"]

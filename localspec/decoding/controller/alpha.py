@@ -53,9 +53,13 @@ class Acceptance:
 
     def __init__(self, k_max: int) -> None:
         self.k_max = k_max
-        self._s, self._w = ALPHA_PRIOR * ALPHA_PRIOR_WEIGHT, ALPHA_PRIOR_WEIGHT
-        self._pos_s, self._pos_w = np.zeros(k_max), np.zeros(k_max)
         self.trials = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the prior (a warm start's record refuted): the trials counted stay counted."""
+        self._s, self._w = ALPHA_PRIOR * ALPHA_PRIOR_WEIGHT, ALPHA_PRIOR_WEIGHT
+        self._pos_s, self._pos_w = np.zeros(self.k_max), np.zeros(self.k_max)
         self._cusum_low = self._cusum_high = 0.0   # change detection, see _detect_change
 
     @property
@@ -109,8 +113,10 @@ class Acceptance:
             self._pos_w *= FORGET
             self._cusum_low = self._cusum_high = 0.0
 
-    def warm_start(self, alpha: float, by_position: dict[int, float]) -> None:
-        """A record's rates (already checked usable) as a few pseudo-trials: position i -> rate."""
-        self._s, self._w = alpha * WARM_ALPHA_WEIGHT, WARM_ALPHA_WEIGHT
+    def warm_start(self, alpha: float, by_position: dict[int, float], weight: float = 1.0) -> None:
+        """A record's rates (already checked usable) as a few pseudo-trials: position i -> rate;
+        `weight` (0..1) scales what the record is worth, down to one trial."""
+        w_all, w_pos = max(WARM_ALPHA_WEIGHT * weight, 1.0), max(WARM_POSITION_WEIGHT * weight, 1.0)
+        self._s, self._w = alpha * w_all, w_all
         for i, rate in by_position.items():
-            self._pos_s[i], self._pos_w[i] = rate * WARM_POSITION_WEIGHT, WARM_POSITION_WEIGHT
+            self._pos_s[i], self._pos_w[i] = rate * w_pos, w_pos

@@ -28,6 +28,9 @@ WARM_TRUST = 64            # steps a warm start's verify costs are believed with
                            # longer leans on the record, shorter drops a busy-machine record sooner
 
 
+JITTER_MIN = 8             # timings compared before a run's jitter is told: fewer is noise itself
+
+
 def ewma(old: float | None, new: float, weight: float) -> float:
     if old is None:
         return new
@@ -81,6 +84,8 @@ class VerifyCost:
         self._curve: np.ndarray | None = None      # cost(1..k_max+1), refitted lazily
         self._fit_values: dict[int, float] = {}    # by_size as the curve was fitted
         self.steps = 0                             # target passes reported, timed or not
+        self.trust = WARM_TRUST                    # steps untimed recorded sizes are believed
+        self._jitter = (0.0, 0)                    # (sum of |log(new / before)|, count): `jitter`
 
     def timed_here(self, b: int) -> bool:
         return b in self.by_size and b not in self.recorded
@@ -93,12 +98,14 @@ class VerifyCost:
         """Record one target pass over b tokens. Returns the factor by which it moved the level of
         a warm start's record (the recorded draft cost follows it), None when it did not."""
         self.steps += 1
-        if self.steps == WARM_TRUST and self.recorded - {1}:
+        if self.steps == self.trust and self.recorded - {1}:
             self._forget_unconfirmed()
         if not (np.isfinite(seconds) and seconds > 0):
             return None
         ratio = None
         last, n = self._timed.get(b, (self.steps, 0))
+        if b not in self.recorded:
+            self._note_jitter(b, seconds)
         if b in self.recorded:
             ratio = replace_recorded(self.by_size, b, seconds, self.recorded - {b})
             self._level_from, n = b, 0
@@ -119,6 +126,20 @@ class VerifyCost:
         if fit is None or n + 1 <= FIT_COUNT_CAP or abs(self.by_size[b] - fit) > CURVE_SLACK * fit:
             self._curve = None
         return ratio
+
+    def _note_jitter(self, b: int, seconds: float) -> None:
+        """How far a timing strays from its size's estimate (a first timing: nothing to compare)."""
+        before = self.by_size.get(b)
+        if before is not None and before > 0:
+            total, count = self._jitter
+            self._jitter = (total + abs(float(np.log(seconds / before))), count + 1)
+
+    @property
+    def jitter(self) -> float | None:
+        """The mean |log| ratio of a timing to its batch size's estimate before it (0.1: timings
+        stray ~10 %), None before JITTER_MIN such timings: how erratic this run's timings were."""
+        total, count = self._jitter
+        return total / count if count >= JITTER_MIN else None
 
     def _forget_unconfirmed(self) -> None:
         """Drop the recorded batch sizes no step has re-timed. A record written while the machine

@@ -30,10 +30,12 @@ class DraftCost:
         self._count: dict[int, int] = {}        # n -> how often timed here
         self._line: np.ndarray | None = None    # (base, slope), refitted lazily
         self.resume: float | None = None        # seconds a drafter paid to catch up after plain steps
+        self._resume_recorded = False           # resume is a warm start's, not timed here
 
     def observe(self, n: int, seconds: float, resume: float = 0.0) -> None:
-        if np.isfinite(resume) and resume > 0:
-            self.resume = ewma(self.resume, resume, COST_WEIGHT)
+        if np.isfinite(resume) and resume > 0:   # a record's gives way to the first timing here
+            self.resume = resume if self._resume_recorded else ewma(self.resume, resume, COST_WEIGHT)
+            self._resume_recorded = False
         if not (np.isfinite(seconds) and seconds >= 0):
             return
         if self.recorded:
@@ -52,12 +54,20 @@ class DraftCost:
             self.per_token *= ratio
             self.by_n = {n: t * ratio for n, t in self.by_n.items()}
             self._line = None
+        if self._resume_recorded and self.resume is not None:
+            self.resume *= ratio
 
     def warm_start(self, per_token: float, by_n: dict[int, float]) -> None:
         """Recorded costs (already checked usable), believed until drafting is timed here."""
         self.per_token, self.recorded = per_token, True
         self.by_n = dict(by_n)
         self._line = None
+
+    def warm_resume(self, seconds: float) -> None:
+        """A recorded catch-up cost: believed (at today's level) until a catch-up is timed here. A
+        record's catch-up from a busy moment (seen: 0.6-0.95 s against 10 ms) spaced probes
+        hundreds of steps apart, and an EWMA would take many resumes to forget it."""
+        self.resume, self._resume_recorded = seconds, True
 
     def seconds(self, k_top: int) -> np.ndarray:
         """Seconds of drafting k = 0..k_top tokens (needs one timing): base + slope·k for k >= 1.
@@ -92,10 +102,31 @@ class BatchCost:
         self._by_n: dict[int, float] = {}
         self._count: dict[int, int] = {}
         self._line: tuple[float, float] | None = None
+        self.recorded: set[int] = set()   # sizes known only from a warm start
+
+    def warm_start(self, by_n: dict[int, float]) -> None:
+        """A record's first decodes (already checked usable), believed until timed here. Without
+        them a warm run's first catch-up is split by the prior's mild slope: about half of reading
+        16 missed tokens was counted as drafting, which priced the draft model ~2× too dear (seen:
+        21 ms a token against 10) and kept a stale record's verdict after its first probe."""
+        for n, t in by_n.items():
+            if 1 <= n <= FIRST_DECODE_MAX and t > 0:
+                self._by_n[n], self._count[n] = t, 1
+                self.recorded.add(n)
+        self._line = None
+
+    def rescale(self, ratio: float) -> None:
+        """Today's speed (a verify timing) sets the level of the recorded sizes not timed here."""
+        for n in self.recorded:
+            self._by_n[n] *= ratio
+        self._line = None
 
     def observe(self, n: int, seconds: float) -> None:
         if not (1 <= n <= FIRST_DECODE_MAX and np.isfinite(seconds) and seconds > 0):
             return
+        if n in self.recorded:   # a record's gives way to the first timing here
+            self.recorded.discard(n)
+            del self._by_n[n]
         old = self._by_n.get(n)
         # Clipped from above only: a faster timing is the machine's speed, a slower may be a pause.
         self._by_n[n] = seconds if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * min(seconds, COST_CLIP * old)

@@ -20,7 +20,9 @@ How `choose` decides, in order (the constants below and in `probes` set each ste
    PROBE_OVERHEAD of plain throughput, judged with PROBE_OPTIMISM standard errors while acceptance
    rests on few trials, plus a spacing that keeps a draft model's catch-up (a resume) near
    RESUME_OVERHEAD, waived when the drafter is in step with the text. A pair where even full
-   acceptance stays below HOPELESS of plain speed is probed only every HOPELESS_EVERY steps.
+   acceptance stays below HOPELESS of plain speed is probed rarely (16, 32, 64... up to
+   HOPELESS_EVERY steps apart). A verdict resting on a warm start's record alone is tested after
+   EXPLORE_FIRST plain steps, and probes that lose stay within EXPLORE_BUDGET of the run's time.
 `observe` hands each timing and count to the parts that learn from it (`costs`, `draft_costs`,
 `alpha`; the package docstring lists them) and keeps the counters the rules above read.
 """
@@ -33,9 +35,9 @@ import numpy as np
 
 from ..lookup import LookupRates
 from .alpha import Acceptance
-from .costs import VerifyCost
+from .costs import WARM_TRUST, VerifyCost
 from .draft_costs import BatchCost, DraftCost
-from .probes import PROBE_OPTIMISM, Probes
+from .probes import EXPLORE_FIRST, PROBE_OPTIMISM, Probes
 from .trees import TreeChooser
 
 START_K = 4                # the first two steps draft a moderate k to measure t_draft and alpha:
@@ -44,6 +46,9 @@ REFRESH_PLAIN = 64         # re-measure t_verify(1) after this many steps withou
                            # smaller follows a growing context sooner, at a plain step's loss
 EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbours' costs fresh:
                            # smaller recovers sooner from a noisy timing, leaves the best k more
+REFUTED = 0.25            # a record whose α gave the accepted tokens of this run's first draft less
+                           # than this chance is dropped: larger drops more true records (the price
+                           # of each: a cold start's two measuring steps)
 HOLD_PLAIN = 8             # once plain wins, skip re-deciding for this many steps (fast models:
                            # deciding costs ~0.1 ms, 1-2% of a plain step); larger reacts later
 
@@ -70,6 +75,10 @@ class KController:
         self._since_plain = 0      # steps since t_verify(1) was last measured
         self.probes = Probes()
         self._hold = 0             # plain steps left before plain-vs-speculation is re-decided
+        self.warm = False          # started from a record (`warm_start`)...
+        self.record_weight = 1.0   # ...worth this much (1: a steady run's, today's)
+        self.drafted_here = False  # the drafter has drafted in this controller's lifetime
+        self._last_verify = 0.0    # seconds of the last target pass timed (a probe's price)
         self.last_k: int | None = None
         # Learned here, used by prompt lookup and `auto` (see auto.py): acceptance per kind of
         # lookup match, and the draft model's decode cost by tokens read (its catch-up price).
@@ -110,7 +119,8 @@ class KController:
             k = int(np.argmax(self._throughput(cap)))   # ties go to the cheaper k
             if k == 0:
                 tokens, seconds = self.estimates(cap, optimism=PROBE_OPTIMISM)
-                k = self.probes.choose(tokens, seconds, START_K, self.draft_costs.resume, in_sync)
+                k = self.probes.choose(tokens, seconds, START_K, self.draft_costs.resume, in_sync,
+                                       unconfirmed=self.warm and not self.drafted_here)
                 if k == 0:  # never hold past the step where the next probe is due
                     self._hold = max(0, min(HOLD_PLAIN, self.probes.every - self.probes.since - 1))
             else:
@@ -185,16 +195,36 @@ class KController:
         ratio = self.verify_costs.observe(b, t_verify)
         if ratio is not None:   # today's speed sets the level of a recorded draft cost too
             self.draft_costs.rescale(ratio)
+            self.first_decode.rescale(ratio)
         self._since_plain = 0 if b == 1 else self._since_plain + 1
+        self._last_verify = t_verify
+        self.probes.timed(t_verify)
 
     def observe_draft(self, n_drafted: int, n_accepted: int, t_draft: float, t_resume: float = 0.0) -> None:
         """Record what the draft model proposed and what of it was accepted."""
         self._draft_steps += 1
+        testing = self.probes.probing and self.warm and not self.drafted_here   # the record's test
+        self.drafted_here = True
+        loss = None
         if self.batch is not None:
             self.batch.accepted(n_accepted)
+        else:
+            self.probes.timed(t_draft + t_resume)
+            if self.probes.probing:   # against the plain steps its tokens would have taken
+                loss = t_draft + t_resume + self._last_verify - (n_accepted + 1) * float(self.verify_curve(1)[0])
         self.draft_costs.observe(n_drafted, t_draft, t_resume)
+        rates = self.acceptance.rates(n_drafted)
         if self.probes.probing:
-            self.probes.learn(np.prod(self.acceptance.rates(n_drafted)), n_accepted == n_drafted)
+            self.probes.learn(float(np.prod(rates)), n_accepted == n_drafted, loss)
+        if testing and n_accepted and float(np.prod(rates[:n_accepted])) < REFUTED:
+            # The record's acceptance is refuted by this run's first draft: so many accepted had
+            # less than REFUTED chance under it (a "never pays" record held α 0.1 as 16 trials: two
+            # probes' hits hardly moved it, and probes grew rare). Start over as a cold run does:
+            # from the prior, with the start-up's drafting steps, which time the drafting afresh
+            # (this draft's catch-up was split by the record's line, and may be counted as drafting).
+            self.acceptance.reset()
+            self.draft_costs, self.first_decode = DraftCost(), BatchCost()
+            self._draft_steps = 0
         self.acceptance.observe(n_drafted, n_accepted)
 
     # ---- reading --------------------------------------------------------------------------
@@ -252,27 +282,36 @@ class KController:
             "alpha": self.alpha,
             "by_position": self.acceptance_by_position(),
             "trials": self.acceptance.trials,
+            "first_decode": self.first_decode.snapshot() if alone else None,
         }
 
     def warm_start(self, verify: dict[int, float] | None = None, draft_cost: float | None = None,
                    resume_cost: float | None = None, alpha: float | None = None,
                    by_position: list[float | None] | None = None,
-                   draft_by_n: dict[int, float] | None = None) -> None:
+                   draft_by_n: dict[int, float] | None = None, weight: float = 1.0,
+                   first_decode: dict[int, float] | None = None) -> None:
         """Start from what an earlier run measured instead of from nothing: costs until they are
         timed here (`costs.replace_recorded`), acceptance as a few pseudo-trials. With a draft cost
         and an alpha the start-up drafting steps are skipped: after one plain step, which times the
-        plain cost now, the controller drafts the k those predict, or stays plain."""
+        plain cost now, the controller drafts the k those predict, or stays plain; a plain verdict
+        is tested within EXPLORE_FIRST steps (`probes`). `weight` (0..1): what the record is worth
+        (`warmstart.weight`: a steady run's today is 1); its acceptance counts as that share of
+        the pseudo-trials, and its untimed batch sizes are believed that share of WARM_TRUST steps."""
+        weight = min(max(float(weight), 0.0), 1.0) if _usable(weight) else 1.0
+        self.warm, self.record_weight = True, weight
+        self.verify_costs.trust = max(EXPLORE_FIRST, round(WARM_TRUST * weight))
         self.verify_costs.warm_start({b: t for b, t in (verify or {}).items() if b >= 1 and _usable(t) and t > 0})
         if _usable(draft_cost):
             self.draft_costs.warm_start(draft_cost, {n: t for n, t in (draft_by_n or {}).items()
                                                      if n >= 1 and _usable(t)})
         if _usable(resume_cost):
-            self.draft_costs.resume = resume_cost
+            self.draft_costs.warm_resume(resume_cost)
+        self.first_decode.warm_start({n: t for n, t in (first_decode or {}).items() if _usable(t)})
         if not (_usable(alpha) and alpha <= 1):
             alpha = None
         if alpha is not None:
             self.acceptance.warm_start(alpha, {i: rate for i, rate in enumerate((by_position or [])[: self.k_max])
-                                               if _usable(rate) and rate <= 1})
+                                               if _usable(rate) and rate <= 1}, weight)
         if alpha is not None and (_usable(draft_cost) or self.draft_cost_free) and 1 in self.verify_costs.by_size:
             self._draft_steps = max(self._draft_steps, 2)
 
@@ -294,6 +333,8 @@ class KController:
             "expected_speedup": (thr / thr[0]).tolist() if costs else None,
             "best_k": int(np.argmax(thr)) if costs else None,
             "probe_every": self.probes.every,
+            "probes": {"made": self.probes.count, "lost_seconds": self.probes.lost, "elapsed_seconds": self.probes.elapsed},
+            "record_weight": self.record_weight if self.warm else None,
             "lookup_acceptance": self.lookup.snapshot() if self.lookup.trials else None,
             "draft_decode_cost": self.first_decode.snapshot() or None,
         }

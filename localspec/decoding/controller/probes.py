@@ -6,7 +6,17 @@ decision is least sure, rare in a hopeless stretch. The estimate is optimistic w
 few trials (start, after an alarm). Each probe in a row fully accepted against the estimate's odds
 halves the interval and makes the next probe one longer: the estimate lags a change, the streak
 does not. When drafting costs so much that even full acceptance would lose, no change of text can
-help: probes become very rare.
+help: probes become rare, their spacing doubling from HOPELESS_FIRST to HOPELESS_EVERY steps, so
+that a busy moment that made drafting look hopeless is corrected within the run.
+
+Exploration with a bounded price. A verdict that rests on a warm start's record alone (the drafter
+has not drafted in this run) is tested after EXPLORE_FIRST plain steps whatever the record says:
+a record written while the machine was busy, or on another day, can price drafting 10-30× too
+high, and believed it would keep itself, as nothing re-times what is never tried. That test costs
+one draft of PROBE_K tokens. Every later probe is allowed only while what probes lost, measured
+(their seconds against the plain steps their tokens would have taken), stays under EXPLORE_BUDGET
+of the time decoded so far: whatever a record or a busy moment says, probes cost at most that
+share of a run, plus one probe.
 """
 
 from __future__ import annotations
@@ -25,32 +35,44 @@ RESUME_OVERHEAD = 0.02     # plus as many as keep a costly resume (draft catch-u
                            # time: larger probes a slow-to-resume draft model more often
 HOPELESS = 0.9             # when even full acceptance would reach < 90% of plain speed, no text can
                            # make drafting pay (lower: fewer pairs are written off)...
-HOPELESS_EVERY = 1024      # ...so probe only this often, to notice a cost change (the machine freed)
+HOPELESS_FIRST = 16        # ...so probe rarely: after 16 plain steps, then 32, 64... (a verdict
+HOPELESS_EVERY = 1024      # from a busy moment is re-tested soon) up to every 1024 steps
+EXPLORE_FIRST = 16         # a record's verdict is tested after this many plain steps: sooner
+                           # corrects a stale record sooner, costs a short run more when it is right
+EXPLORE_BUDGET = 0.05      # probes may lose at most this share of the time decoded (measured):
+                           # larger re-tests more often, smaller bounds a losing pair's price lower
 
 
 class Probes:
-    """The probe schedule: plain steps since the last probe, the spacing, the surprise streak."""
+    """The probe schedule: plain steps since the last probe, the spacing, the surprise streak, and
+    what probes have lost against the time decoded."""
 
     def __init__(self) -> None:
         self.since = 0             # plain steps since the last probe
         self.every = PROBE_MIN     # the spacing last decided
         self.probing = False       # this step is a probe
         self.streak = 0            # probes in a row fully accepted against the odds
+        self.hopeless_every = HOPELESS_FIRST   # the spacing of the next probe of a hopeless pair
+        self._hopeless = False     # this probe tests a hopeless verdict
+        self.lost = 0.0            # seconds probes lost against plain decoding (negative: gained)
+        self.elapsed = 0.0         # seconds of every step timed
+        self.count = 0             # probes made
 
     def choose(self, tokens: np.ndarray, seconds: np.ndarray, k_top: int, resume: float | None,
-               in_sync: bool) -> int:
+               in_sync: bool, unconfirmed: bool = False) -> int:
         """k for this plain-winning step: 0, or a probe of PROBE_K..k_top tokens. `tokens` and
         `seconds` are the optimistic estimates for k = 0..cap, `resume` the draft model's catch-up
-        seconds, `in_sync`: the drafter would draft without catching up first."""
+        seconds, `in_sync`: the drafter would draft without catching up first; `unconfirmed`: the
+        verdict rests on a warm start's record, not on drafting timed in this run."""
         cap = len(tokens) - 1
+        self._hopeless = False
+        if unconfirmed:
+            return self._due(EXPLORE_FIRST, min(PROBE_K, cap), budget=False)
         full = np.arange(1, cap + 2)   # tokens per step if every draft were accepted
         if np.max(full[1:] / seconds[1:]) < HOPELESS * full[0] / seconds[0]:
-            self.every = HOPELESS_EVERY
-            self.since += 1
-            if self.since < HOPELESS_EVERY:
-                return 0
-            self.since, self.probing = 0, True
-            return min(PROBE_K, cap)
+            self._hopeless = True
+            return self._due(self.hopeless_every, min(PROBE_K, cap))
+        self.hopeless_every = HOPELESS_FIRST
         best = 1 + int(np.argmax(tokens[1:] / seconds[1:]))
         k = min(max(best, PROBE_K + self.streak), k_top, cap)
         loss = seconds[k] / seconds[0] - tokens[k]
@@ -59,13 +81,35 @@ class Probes:
         # does not shrink with rarer probes, so it alone sets a floor on their spacing.
         if not in_sync:  # a drafter in step with the text probes without a catch-up
             every += round((resume or 0.0) / seconds[0] / RESUME_OVERHEAD)
-        self.every = max(every >> self.streak, PROBE_MIN)
+        return self._due(max(every >> self.streak, PROBE_MIN), k)
+
+    def _due(self, every: int, k: int, budget: bool = True) -> int:
+        """k when a probe spaced `every` plain steps is due (and, with `budget`, affordable), else 0."""
+        self.every = every
         self.since += 1
-        if self.since < self.every:
+        if self.since < every or (budget and self.lost > EXPLORE_BUDGET * self.elapsed):
             return 0
         self.since, self.probing = 0, True
         return k
 
-    def learn(self, p_all: float, all_accepted: bool) -> None:
-        """After a probe: `p_all`, the estimate's chance that the whole draft is accepted."""
+    def defer(self) -> None:
+        """The probe chosen was not made (another drafter served the step): make it at the next
+        plain-winning step instead."""
+        if self.probing:
+            self.since, self.probing = self.every - 1, False
+
+    def timed(self, seconds: float) -> None:
+        """A step's (or a part of one's) seconds, probe or not: the budget's base."""
+        if np.isfinite(seconds) and seconds > 0:
+            self.elapsed += seconds
+
+    def learn(self, p_all: float, all_accepted: bool, loss: float | None = None) -> None:
+        """After a probe: `p_all`, the estimate's chance that the whole draft is accepted; `loss`,
+        the seconds it lost against decoding its tokens plainly (None: not timed)."""
         self.streak = self.streak + 1 if p_all < 0.5 and all_accepted else 0
+        self.count += 1
+        if loss is not None and np.isfinite(loss):
+            self.lost += loss
+        if self._hopeless:
+            self.hopeless_every = min(2 * self.hopeless_every, HOPELESS_EVERY)
+            self._hopeless = False
