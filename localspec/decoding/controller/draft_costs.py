@@ -126,7 +126,7 @@ class BatchCost:
             return
         if n in self.recorded:   # a record's gives way to the first timing here
             self.recorded.discard(n)
-            del self._by_n[n]
+            del self._by_n[n], self._count[n]
         old = self._by_n.get(n)
         # Clipped from above only: a faster timing is the machine's speed, a slower may be a pause.
         self._by_n[n] = seconds if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * min(seconds, COST_CLIP * old)
