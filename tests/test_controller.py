@@ -668,7 +668,7 @@ def test_a_true_record_of_a_losing_pair_costs_one_probe_to_confirm():
 def test_probes_lose_at_most_the_budget_whatever_the_estimates_say():
     """Probes priced by estimates alone could cost anything when the estimates are wrong (a record,
     a busy moment). Measured, what they lose stays under EXPLORE_BUDGET of the time decoded, plus
-    one probe: here every probe is much dearer than the estimates think (drafting costs 20× what
+    the dearest probe and the one that went over: here every probe is much dearer than the estimates think (drafting costs 20× what
     the controller saw at start-up), and the estimate keeps saying "almost break-even"."""
     from localspec.decoding.controller.probes import EXPLORE_BUDGET
 
@@ -688,7 +688,7 @@ def test_probes_lose_at_most_the_budget_whatever_the_estimates_say():
                 loss = t_draft + t_verify - (n_acc + 1) * 10 * MS
                 lost += loss
                 worst = max(worst, loss)
-    assert lost <= EXPLORE_BUDGET * seconds + worst, (lost, seconds)
+    assert lost <= EXPLORE_BUDGET * seconds + 2 * worst, (lost, seconds)
     assert c.probes.count >= 3   # and it still probes now and then
 
 

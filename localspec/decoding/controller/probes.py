@@ -13,10 +13,12 @@ Exploration with a bounded price. A verdict that rests on a warm start's record 
 has not drafted in this run) is tested after EXPLORE_FIRST plain steps whatever the record says:
 a record written while the machine was busy, or on another day, can price drafting 10-30× too
 high, and believed it would keep itself, as nothing re-times what is never tried. That test costs
-one draft of PROBE_K tokens. Every later probe is allowed only while what probes lost, measured
-(their seconds against the plain steps their tokens would have taken), stays under EXPLORE_BUDGET
-of the time decoded so far: whatever a record or a busy moment says, probes cost at most that
-share of a run, plus one probe.
+one draft of PROBE_K tokens, outside the budget. Every other probe is allowed only while what
+probes lost, measured (their seconds against the plain steps their tokens would have taken), less
+the dearest one, stays under EXPLORE_BUDGET of the time decoded so far: whatever a record or a busy
+moment says, probes cost at most that share of a run plus one probe (the record's test) and the
+dearest probe; early in a run, when little time has been decoded, a probe is not refused for one
+dear predecessor.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class Probes:
         self.hopeless_every = HOPELESS_FIRST   # the spacing of the next probe of a hopeless pair
         self._hopeless = False     # this probe tests a hopeless verdict
         self.lost = 0.0            # seconds probes lost against plain decoding (negative: gained)
+        self.dearest = 0.0         # the most one probe lost
+        self._exploring = False    # this probe tests a warm start's record (outside the budget)
         self.elapsed = 0.0         # seconds of every step timed
         self.count = 0             # probes made
 
@@ -65,8 +69,9 @@ class Probes:
         seconds, `in_sync`: the drafter would draft without catching up first; `unconfirmed`: the
         verdict rests on a warm start's record, not on drafting timed in this run."""
         cap = len(tokens) - 1
-        self._hopeless = False
+        self._hopeless = self._exploring = False
         if unconfirmed:
+            self._exploring = True
             return self._due(EXPLORE_FIRST, min(PROBE_K, cap), budget=False)
         full = np.arange(1, cap + 2)   # tokens per step if every draft were accepted
         if np.max(full[1:] / seconds[1:]) < HOPELESS * full[0] / seconds[0]:
@@ -87,7 +92,7 @@ class Probes:
         """k when a probe spaced `every` plain steps is due (and, with `budget`, affordable), else 0."""
         self.every = every
         self.since += 1
-        if self.since < every or (budget and self.lost > EXPLORE_BUDGET * self.elapsed):
+        if self.since < every or (budget and self.lost - self.dearest > EXPLORE_BUDGET * self.elapsed):
             return 0
         self.since, self.probing = 0, True
         return k
@@ -108,8 +113,10 @@ class Probes:
         the seconds it lost against decoding its tokens plainly (None: not timed)."""
         self.streak = self.streak + 1 if p_all < 0.5 and all_accepted else 0
         self.count += 1
-        if loss is not None and np.isfinite(loss):
+        if loss is not None and np.isfinite(loss) and not self._exploring:
             self.lost += loss
+            self.dearest = max(self.dearest, loss)
+        self._exploring = False
         if self._hopeless:
             self.hopeless_every = min(2 * self.hopeless_every, HOPELESS_EVERY)
             self._hopeless = False
