@@ -85,7 +85,8 @@ def draft(model_paths):
 
 SLOW = {"test_decoding", "test_exact_e2e", "test_serve_sampled", "test_tree_decode", "test_stable_shapes",
         "test_concurrent", "test_grammar", "test_penalties", "test_rpc", "test_serve_parallel", "test_sampling_real",
-        "test_hybrid", "test_warmstart", "test_doctor", "test_serve_load", "test_stale_records"}
+        "test_hybrid", "test_warmstart", "test_doctor", "test_serve_load", "test_stale_records",
+        "test_serve_tools_sampled"}
 """The modules of laws and real-model runs (most of the suite's 20-25 minutes on 2 cores):
 `python -m pytest -m "not slow"` is the quick tier for changing code; CI runs everything."""
 

@@ -143,7 +143,7 @@ def test_completions_streamed_or_not_equal_plain_greedy(served):
 
 @pytest.mark.parametrize("body, param, words", [
     ({"n": 2}, "n", "one choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools", "tool"),
+    ({"tools": {"type": "function", "function": {"name": "f"}}}, "tools", "must be a list"),
     ({"logprobs": True}, "logprobs", "log probabilities"),
     ({"logit_bias": {"one": 5}}, "logit_bias", "token ids to numbers in [-100, 100]"),
     ({"logit_bias": {"1": 500}}, "logit_bias", "token ids to numbers in [-100, 100]"),
@@ -170,7 +170,8 @@ def test_completions_streamed_or_not_equal_plain_greedy(served):
     ({"stop": 3}, "stop", "string or a list"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream"),
     ({"messages": []}, "messages", "non-empty"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "one of"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "tool_call_id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role", "one of"),
     ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role", "one of"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "required"),
     ({"messages": [{"role": "user", "content": []}]}, "messages[0].content", "required"),

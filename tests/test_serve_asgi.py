@@ -142,7 +142,7 @@ def test_admitted_requests_are_tokenized_one_at_a_time(server, session, monkeypa
     active, peak = [0], [0]
     real = session.target.chat_prompt
 
-    def watched(messages):
+    def watched(messages, tools=None):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
@@ -150,7 +150,7 @@ def test_admitted_requests_are_tokenized_one_at_a_time(server, session, monkeypa
                 rival.set()
         try:
             rival.wait(0.5)
-            return real(messages)
+            return real(messages, tools)
         finally:
             with lock:
                 active[0] -= 1

@@ -314,16 +314,17 @@ class Model(Sequences):
         raw = C.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", "replace") if raw else None
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Tokens of `messages` rendered by the GGUF's own chat template (Jinja2, as llama-cpp-python
-        renders it), ending with the assistant's generation prompt. Message text is tokenized
-        literally: special-token text in a message is never a turn marker (see `chat`)."""
+        renders it), ending with the assistant's generation prompt; `tools` (OpenAI's list) goes to
+        templates that take it. Message text is tokenized literally: special-token text in a
+        message is never a turn marker (see `chat`)."""
         if self._chat is None:
             template = self.chat_template
             if template is None:
                 raise EngineError(f"{self.name} has no chat template")
             self._chat = chat.formatter(self, template)  # compiled once
-        return chat.chat_tokens(self, self._chat, messages)
+        return chat.chat_tokens(self, self._chat, messages, tools)
 
     def describe(self) -> dict:
         return {

@@ -40,10 +40,11 @@ def formatter(model, template: str):
     return Jinja2ChatFormatter(template=template, eos_token=special(model.eos), bos_token=special(model.bos))
 
 
-def chat_tokens(model, fmt, messages: Sequence[dict]) -> list[int]:
+def chat_tokens(model, fmt, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
     """Tokens of `messages` rendered by `fmt` (a `formatter`), special tokens only where the template
-    wrote them, ending with the assistant's generation prompt."""
-    result = fmt(messages=list(messages))
+    wrote them, ending with the assistant's generation prompt. `tools` is passed to the template
+    as Hugging Face templates take it (their text, like the template's, is read for special tokens)."""
+    result = fmt(messages=list(messages), tools=tools)
     text = result.prompt
     # The renderer's contract is that the template writes BOS itself (`{{ bos_token }}`).
     head = [model.bos] if not result.added_special and model.add_bos else []
@@ -55,7 +56,7 @@ def chat_tokens(model, fmt, messages: Sequence[dict]) -> list[int]:
     for i, mark in zip(slots, marks):
         marked[i]["content"] = mark
     try:
-        pieces = _cut(fmt(messages=marked).prompt, marks)
+        pieces = _cut(fmt(messages=marked, tools=tools).prompt, marks)
     except Exception:  # a template that looks into contents may refuse a placeholder: read plainly
         pieces = None
     if pieces is not None:

@@ -2,10 +2,11 @@
 
 No web framework here: request bodies arrive as parsed JSON (dicts), answers leave as dicts, and
 every refusal is an `ApiError` carrying its HTTP status and OpenAI's error body. What localspec
-cannot do is refused, never silently ignored: n > 1, tools and function calls, log probabilities.
-Fields
-OpenAI defines that change nothing here (user, store, metadata, parallel_tool_calls…) and unknown
-fields are ignored, as clients send them freely.
+cannot do is refused, never silently ignored: n > 1, log probabilities, the deprecated
+`functions`. Tools (`tools`, `tool_choice`, `parallel_tool_calls`) are checked in
+`localspec.serve.tools` and the calls read out of the reply in `localspec.serve.calls`; messages
+(tool turns included) in `localspec.serve.messages`. Fields OpenAI defines that change nothing here
+(user, store, metadata…) and unknown fields are ignored, as clients send them freely.
 
 `presence_penalty`, `frequency_penalty` (OpenAI's range, -2 to 2) and `logit_bias` (token id ->
 -100 to 100; -100 bans) apply to the target's processed distribution as llama.cpp computes it,
@@ -30,22 +31,12 @@ from typing import Any
 
 from localspec.config import ConfigError, DecodeConfig, SamplingConfig
 from localspec.loading.controllers import k_max_for
+from .calls import openai_calls, reply_calls
+from .errors import ApiError
+from .messages import messages as _messages
+from .tools import Tools, parse_tools
 
 MAX_STOP = 4   # as OpenAI
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-class ApiError(Exception):
-    """A refusal: HTTP `status` with OpenAI's error body."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -73,6 +64,7 @@ class Request:
     decode: DecodeConfig
     stream: bool
     include_usage: bool
+    tools: Tools | None = None
 
 
 def _is_int(x: Any) -> bool:
@@ -101,12 +93,6 @@ def _unsupported(body: dict) -> None:
     best_of = _typed(body, "best_of", _is_int, "an integer")
     if best_of is not None and best_of != 1:
         refuse("best_of", f"best_of must be 1, got {best_of}")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            refuse(name, f"'{name}' is not supported: localspec serves plain text generation (no tool calls)")
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none"):
-            refuse(name, f"'{name}' is not supported: localspec serves plain text generation (no tool calls)")
     if body.get("logprobs") not in (None, False):
         refuse("logprobs", "log probabilities are not supported")
     if body.get("top_logprobs") is not None:
@@ -192,10 +178,11 @@ def check_with(sampling: SamplingConfig, target) -> None:
     except ConfigError as e:
         raise ApiError(str(e).replace("logit-bias", "logit_bias"), param="logit_bias", code="invalid_value") from None
     if sampling.grammar:
+        param = "tools" if sampling.grammar_name == "tool call" else "response_format"
         try:
             target.grammar(sampling.grammar).close()
         except GrammarError as e:
-            raise ApiError(f"response_format: {e}", param="response_format", code="invalid_value") from None
+            raise ApiError(f"{param}: {e}", param=param, code="invalid_value") from None
 
 
 def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
@@ -248,44 +235,6 @@ def _streaming(body: dict) -> tuple[bool, bool]:
     return stream, bool(include)
 
 
-def _content(message: dict, i: int) -> str:
-    content = message.get("content")
-    if content is None and message.get("role") == "assistant":
-        return ""  # an assistant turn may carry no text (OpenAI allows it there only)
-    if content is None or content == []:
-        raise ApiError("message content is required (a string or a list of text parts)",
-                       param=f"messages[{i}].content", code="missing_required_parameter")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise ApiError("only text content parts are supported", param=f"messages[{i}].content",
-                               code="unsupported_content")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise ApiError("message content must be a string or a list of text parts", param=f"messages[{i}].content",
-                   code="invalid_type")
-
-
-def _messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError("'messages' must be a non-empty list", param="messages",
-                       code="missing_required_parameter" if messages is None else "invalid_type")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise ApiError(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise ApiError(f"messages[{i}].role must be one of {', '.join(ROLES)} (no tools here), got {role!r:.40}",
-                           param=f"messages[{i}].role", code="invalid_value")
-        out.append({"role": ROLES[role], "content": _content(m, i)})
-    return out
-
-
 def _prompt(body: dict) -> str | list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -307,8 +256,15 @@ def parse(body: Any, defaults: Defaults, chat: bool) -> Request:
     _unsupported(body)
     messages = _messages(body) if chat else None
     prompt = None if chat else _prompt(body)
+    tools = parse_tools(body)
+    if tools is not None and not chat:
+        raise ApiError("tools are for /v1/chat/completions", param="tools", code="unsupported_parameter")
+    if tools is not None and tools.constrained and body.get("response_format") not in (None, {"type": "text"}):
+        raise ApiError("a forced tool call (tool_choice) has its own grammar: drop response_format",
+                       param="response_format", code="invalid_value")
     stream, include_usage = _streaming(body)
-    return Request(chat, messages, prompt, _sampling(body, defaults), _decode(body, defaults), stream, include_usage)
+    return Request(chat, messages, prompt, _sampling(body, defaults), _decode(body, defaults), stream,
+                   include_usage, tools)
 
 
 def too_long(n_prompt: int, n_ctx: int, chat: bool) -> ApiError:
@@ -325,7 +281,7 @@ def new_id(chat: bool) -> str:
 
 def finish_reason(finish: str | None) -> str:
     """The decoder's finish as OpenAI names it: n_ctx reached is a length limit too."""
-    return "stop" if finish == "stop" else "length"
+    return finish if finish in ("stop", "tool_calls") else "length"
 
 
 def usage(result: dict) -> dict:
@@ -360,11 +316,15 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, result: dict) -> dict:
+    def whole(self, text: str, result: dict, tools: Tools | None = None) -> dict:
         reason = finish_reason(result["finish"])
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": reason}
+            message = {"role": "assistant", "content": text}
+            content, calls = reply_calls(text, tools.names, tools.parallel) if tools else (text, [])
+            if calls:   # a reply that is not a call stays text, whatever tool_choice was
+                message, reason = {"role": "assistant", "content": content or None,
+                                   "tool_calls": openai_calls(calls)}, "tool_calls"
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
             head = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
@@ -386,6 +346,12 @@ class Reply:
             out = {**self._head("text_completion"), "choices": [choice]}
         if include_usage:
             out["usage"] = None   # as OpenAI: every chunk has the field, the last one fills it
+        return out
+
+    def calls_chunk(self, calls: list[dict], include_usage: bool = False) -> dict:
+        """The calls of a streamed reply, in one chunk (each whole: held back until the end)."""
+        out = self.chunk(include_usage=include_usage)
+        out["choices"][0]["delta"] = {"tool_calls": [{"index": i, **call} for i, call in enumerate(openai_calls(calls))]}
         return out
 
     def usage_chunk(self, result: dict) -> dict:

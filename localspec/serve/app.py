@@ -47,10 +47,13 @@ from localspec.loading.controllers import Controllers
 from localspec.loading.pool import SlotPool
 from localspec.decoding.controller import KController
 from localspec.engine import Cancelled
-from localspec.tokens import common_prefix, prompt_fits
-from .api import ApiError, Defaults, Reply, check_with, parse, too_long
+from localspec.tokens import common_prefix
+from .api import ApiError, Defaults, Reply, parse
+from .calls import CallSplitter
 from .http import CountRequests, EventStream, api_error, collect, http_error, index, internal_error, key_matches, read_json, sse, watch_disconnect
 from .metrics import Metrics
+from .ollama import ollama_routes
+from .prompt import prompt_tokens
 from localspec.decoding.stats import RunStats
 from localspec.decoding.stream import stream_text
 
@@ -119,6 +122,7 @@ class Server:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            *ollama_routes(self),
         ]
         middleware = [Middleware(CountRequests, metrics=self.metrics, log=self._log_answer if self.log else None)]
         if self.cors_origins:
@@ -171,6 +175,19 @@ class Server:
         self._authorize(request)
         self._refuse_if_full()   # before reading a body that would only be refused
         req = parse(await read_json(request), self.defaults, chat)
+        job, watcher = await self.submit(request, req)
+        try:
+            reply = Reply(chat, self.model_id)
+            if req.stream:   # the stream watches for the disconnect from here on
+                return EventStream(self._events(job, reply, req.include_usage, req.tools), job.cancel)
+            text, result = await collect(job)
+        finally:
+            watcher.cancel()
+        return JSONResponse(reply.whole(text, result, req.tools))
+
+    async def submit(self, request: Request, req) -> tuple[Job, asyncio.Task]:
+        """Admit `req` (an api.Request), tokenize it and start its generation: (the job, the task
+        that cancels it when the client leaves, for the caller to cancel once it watches itself)."""
         loop = asyncio.get_running_loop()
         job = Job(req.sampling, req.decode, loop)
         self._admit(job)
@@ -179,47 +196,16 @@ class Server:
         try:
             try:
                 # A chat template over thousands of messages takes seconds: not on the event loop.
-                job.prompt = await loop.run_in_executor(self._tokenizer, self._tokens, req)
+                job.prompt, job.sampling = await loop.run_in_executor(
+                    self._tokenizer, prompt_tokens, self.session.target, self.session.n_ctx, req)
             except BaseException:
                 self._queue.remove(job)
                 raise
             await self._start(job)
-            reply = Reply(chat, self.model_id)
-            if req.stream:   # the stream watches for the disconnect from here on
-                return EventStream(self._events(job, reply, req.include_usage), job.cancel)
-            text, result = await collect(job)
-        finally:
+        except BaseException:
             watcher.cancel()
-        return JSONResponse(reply.whole(text, result))
-
-    def _tokens(self, req) -> list[int]:
-        target = self.session.target
-        if req.chat:
-            if target.chat_template is None:
-                raise ApiError(f"{target.name} has no chat template; use /v1/completions with a raw prompt",
-                               param="messages", code="no_chat_template")
-            try:
-                tokens = target.chat_prompt(req.messages)
-            except Exception as e:  # the template's own checks (roles must alternate…)
-                raise ApiError(f"the chat template refused these messages: {e}", param="messages",
-                               code="invalid_value") from None
-        elif isinstance(req.prompt, str):
-            try:
-                tokens = target.tokenize(req.prompt, add_special=True, parse_special=True)
-            except UnicodeEncodeError:
-                raise ApiError("the prompt is not valid Unicode (a lone surrogate?)", param="prompt",
-                               code="invalid_value") from None
-        else:
-            tokens = list(req.prompt)
-            if max(tokens) >= target.n_vocab:
-                raise ApiError(f"token id {max(tokens)} is outside the vocabulary ({target.n_vocab} ids)",
-                               param="prompt", code="invalid_value")
-        if not tokens:
-            raise ApiError("the prompt is empty", param="prompt", code="invalid_value")
-        if not prompt_fits(len(tokens), self.session.n_ctx):
-            raise too_long(len(tokens), self.session.n_ctx, req.chat)
-        check_with(req.sampling, target)
-        return tokens
+            raise
+        return job, watcher
 
     def _refuse_if_full(self) -> None:
         """503 at once when shutting down, or when the running generations and the admitted
@@ -268,14 +254,25 @@ class Server:
             raise
         future.add_done_callback(done)
 
-    async def _events(self, job: Job, reply: Reply, include_usage: bool):
-        """Server-sent events: chunks, the finishing chunk, usage if asked for, [DONE]."""
+    async def _events(self, job: Job, reply: Reply, include_usage: bool, tools=None):
+        """Server-sent events: chunks, the finishing chunk, usage if asked for, [DONE]. With tools,
+        text that may be a call is held back, and the calls come whole at the end (`CallSplitter`)."""
+        split = CallSplitter(tools.names, tools.parallel) if tools else None
         if reply.chat:
             yield sse(reply.chunk(first=True, include_usage=include_usage))
         while True:
             kind, value = await job.queue.get()
+            if kind == "done" and split is not None and value["finish"] != "cancelled":
+                rest, calls = split.finish()
+                if rest:
+                    yield sse(reply.chunk(rest, include_usage=include_usage))
+                if calls:
+                    yield sse(reply.calls_chunk(calls, include_usage))
+                    value = {**value, "finish": "tool_calls"}
             if kind == "text":
-                yield sse(reply.chunk(value, include_usage=include_usage))
+                text = split.feed(value) if split is not None else value
+                if text:
+                    yield sse(reply.chunk(text, include_usage=include_usage))
             elif kind == "error" or value["finish"] == "cancelled":
                 error = value if kind == "error" else ApiError("the server is shutting down", 503, kind="server_error")
                 yield sse(error.body())

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from .api import ApiError
+from .errors import ApiError
 from .metrics import Metrics
 
 MAX_BODY = 1 << 20     # bytes of a request body
@@ -35,11 +35,11 @@ def key_matches(authorization: str, key: str) -> bool:
 
 
 class EventStream(StreamingResponse):
-    """text/event-stream that cancels its job when the client leaves, and however the response
-    ends (even unstarted)."""
+    """text/event-stream (or Ollama's NDJSON) that cancels its job when the client leaves, and
+    however the response ends (even unstarted)."""
 
-    def __init__(self, events, cancel: threading.Event):
-        super().__init__(events, media_type="text/event-stream",
+    def __init__(self, events, cancel: threading.Event, media_type: str = "text/event-stream"):
+        super().__init__(events, media_type=media_type,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.cancel = cancel
 
