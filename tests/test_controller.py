@@ -401,7 +401,7 @@ def test_warm_start_on_an_unprofitable_pair_drafts_only_to_test_the_record():
     warm = _warm(learned)
     ks = simulate(warm, np.random.default_rng(2), 300, lambda s, p: 1.0, verify, 9 * MS)
     assert ks[:EXPLORE_FIRST - 1] == [0] * (EXPLORE_FIRST - 1)
-    assert sum(k > 0 for k in ks) <= 5, ks     # 16, then 16, 32, 64, 128 steps apart
+    assert sum(k > 0 for k in ks) <= 5, ks     # after EXPLORE_FIRST, then 16, 32, 64, 128 steps apart
     lost = sum(9 * MS * k + verify(k + 1) - (k + 1) * verify(1) for k in ks)
     assert lost < 0.02 * sum(9 * MS * k + verify(k + 1) for k in ks)
 

@@ -39,7 +39,7 @@ HOPELESS = 0.9             # when even full acceptance would reach < 90% of plai
                            # make drafting pay (lower: fewer pairs are written off)...
 HOPELESS_FIRST = 16        # ...so probe rarely: after 16 plain steps, then 32, 64... (a verdict
 HOPELESS_EVERY = 1024      # from a busy moment is re-tested soon) up to every 1024 steps
-EXPLORE_FIRST = 16         # a record's verdict is tested after this many plain steps: sooner
+EXPLORE_FIRST = 8          # a record's verdict is tested after this many plain steps: sooner
                            # corrects a stale record sooner, costs a short run more when it is right
 EXPLORE_BUDGET = 0.03      # probes may lose at most this share of the time decoded (measured), so a
                            # pair that never pays stays >= 0.97x plain: larger re-tests more often
