@@ -99,7 +99,7 @@ class VerifyCost:
         a warm start's record (the recorded draft cost follows it), None when it did not."""
         self.steps += 1
         if self.steps == self.trust and self.recorded - {1}:
-            self._forget_unconfirmed()
+            self.forget_recorded()
         if not (np.isfinite(seconds) and seconds > 0):
             return None
         ratio = None
@@ -141,8 +141,9 @@ class VerifyCost:
         total, count = self._jitter
         return total / count if count >= JITTER_MIN else None
 
-    def _forget_unconfirmed(self) -> None:
-        """Drop the recorded batch sizes no step has re-timed. A record written while the machine
+    def forget_recorded(self) -> None:
+        """Drop the recorded batch sizes no step has re-timed (the plain one stays: it is timed
+        before any drafting). A record written while the machine
         was busy can price every batch too high; believed for ever, it keeps the controller plain,
         so those sizes are never timed again (prompt lookup has no probes, and the model's become
         hopeless-rare): a bench stayed 100% plain that way. Forgotten, the curve rests on what was

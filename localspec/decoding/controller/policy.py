@@ -221,9 +221,12 @@ class KController:
             # less than REFUTED chance under it (a "never pays" record held α 0.1 as 16 trials: two
             # probes' hits hardly moved it, and probes grew rare). Start over as a cold run does:
             # from the prior, with the start-up's drafting steps, which time the drafting afresh
-            # (this draft's catch-up was split by the record's line, and may be counted as drafting).
+            # (this draft's catch-up was split by the record's line, and may be counted as drafting),
+            # and the verify costs this run has timed, not the record's (an erratic record's sizes
+            # were off by up to 5× either way, and kept half the run's steps plain).
             self.acceptance.reset()
             self.draft_costs, self.first_decode = DraftCost(), BatchCost()
+            self.verify_costs.forget_recorded()
             self._draft_steps = 0
         self.acceptance.observe(n_drafted, n_accepted)
 
