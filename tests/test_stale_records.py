@@ -12,18 +12,25 @@ the controller's behaviour against a cold run in the same minutes, with margins,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
+from pathlib import Path
 
-import numpy as np
 import pytest
 
 from localspec import machine
 from localspec.decoding.controller import EXPLORE_FIRST
 from localspec.loading import warmstart
 
+# The spoilings are tools/stale_records.py's, which measures what each costs (docs/performance.md).
+_spec = importlib.util.spec_from_file_location("stale_records", Path(__file__).resolve().parent.parent / "tools" / "stale_records.py")
+stale_records = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stale_records)
+slow10, never_pays, erratic = stale_records.slow10, stale_records.never_pays, stale_records.erratic
+
 ARGS = ["--max-tokens", "256", "--temperature", "1", "--seed", "1", "--threads", "2", "--json"]
-PROMPT = "Write a short story about a lighthouse keeper."
+PROMPT = stale_records.PROMPT
 
 
 def _generate(model_paths, *extra) -> dict:
@@ -52,44 +59,6 @@ def true_record(model_paths, tmp_path_factory) -> dict:
         assert _generate(model_paths)["warm_start"] is False
         (path,) = (warmstart.directory()).glob("*.json")
         return json.loads(path.read_text())
-
-
-def _scaled(d: dict, f) -> dict:
-    return {n: t * f(n) for n, t in d.items()}
-
-
-def slow10(rec: dict) -> dict:
-    m = rec["drafters"]["model"]
-    rec["verify"] = _scaled(rec["verify"], lambda n: 10)
-    for field in ("draft_by_n", "first_decode"):
-        m[field] = _scaled(m.get(field, {}), lambda n: 10)
-    m["draft_cost"] *= 10
-    m["resume_cost"] = (m.get("resume_cost") or 0.01) * 10
-    return rec
-
-
-def never_pays(rec: dict) -> dict:
-    m = rec["drafters"]["model"]
-    for field in ("draft_by_n", "first_decode"):
-        m[field] = _scaled(m.get(field, {}), lambda n: 30)
-    m["draft_cost"] *= 30
-    m["resume_cost"] = 1.0
-    m["alpha"]["sampled"] |= {"alpha": 0.1, "by_position": [0.1] * len(m["alpha"]["sampled"]["by_position"])}
-    return rec
-
-
-def erratic(rec: dict) -> dict:
-    rng = np.random.default_rng(7)
-    off = lambda n: float(np.exp(rng.uniform(-np.log(5), np.log(5))))   # noqa: E731
-    m = rec["drafters"]["model"]
-    rec["verify"] = _scaled(rec["verify"], off)
-    for field in ("draft_by_n", "first_decode"):
-        m[field] = _scaled(m.get(field, {}), off)
-    m["draft_cost"] *= off(0)
-    m["resume_cost"] = (m.get("resume_cost") or 0.01) * off(0)
-    m["alpha"]["sampled"] |= {"alpha": 0.3, "by_position": [0.3] * len(m["alpha"]["sampled"]["by_position"])}
-    rec["weight"] = 0.35
-    return rec
 
 
 @pytest.mark.parametrize("spoil", [slow10, never_pays, erratic])
