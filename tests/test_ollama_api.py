@@ -71,6 +71,20 @@ def test_raw_generate_and_a_load_request(served):
     assert raw.response and raw.eval_count == 8
     loaded = o.generate(model="x", prompt="")
     assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+    # Ollama's documented load and unload calls carry no prompt at all
+    for body, reason in (({"model": "x"}, "load"), ({"model": "x", "keep_alive": 0}, "unload")):
+        r = httpx.post(served.url + "/api/generate", json=body)
+        assert r.status_code == 200 and r.json()["done_reason"] == reason, r.text
+
+
+def test_num_predict_absent_means_the_context_as_in_ollama():
+    from localspec.serve.ollama import openai_body
+
+    body = {"prompt": "hi", "options": {"temperature": 0}}
+    assert openai_body(body, False, 2048, True)[0]["max_tokens"] == 2048
+    for predict, want in ((0, 2048), (-1, 2048), (-2, 2048), (7, 7)):
+        body = {"prompt": "hi", "options": {"num_predict": predict}}
+        assert openai_body(body, False, 2048, True)[0]["max_tokens"] == want
 
 
 def test_format_schema_output_validates(served):

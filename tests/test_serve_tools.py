@@ -64,9 +64,34 @@ def test_calls_are_read_in_every_format(text, content, n):
     '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}',       # Mistral, cut off
     '<|python_tag|>print("hi")',                                                  # Llama's code, not a call
     '{"city": "Paris"}',                                                          # JSON, but not a call
+    '{"name": "get_weather", "city": "Paris"}',                                   # no arguments: not a call
+    "[" * 5000,                                                                   # nesting past the parser
 ])
 def test_anything_else_stays_text(text):
     assert parse_calls(text, NAMES) == (text, [])
+
+
+def test_openai_shaped_and_capital_fenced_calls_are_read():
+    shaped = '{"id": "x", "type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}}'
+    assert parse_calls(shaped, NAMES) == ("", [CALL])
+    assert parse_calls('```JSON\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```', NAMES) == ("", [CALL])
+
+
+def test_call_ids_are_nine_letters_and_digits():
+    """Mistral's templates refuse any other id on the next turn."""
+    from localspec.serve.calls import new_call_id
+    from localspec.serve.messages import history_call_id
+
+    for call_id in [new_call_id() for _ in range(20)] + [history_call_id(3, 1), history_call_id(12345, 678)]:
+        assert len(call_id) == 9 and call_id.isalnum(), call_id
+
+
+def test_deeply_nested_arguments_in_the_history_are_a_400():
+    from localspec.serve.errors import ApiError
+    from localspec.serve.messages import arguments
+
+    with pytest.raises(ApiError, match="not valid JSON"):
+        arguments("[" * 5000, "messages[1].tool_calls[0].function.arguments")
 
 
 def test_the_splitter_streams_text_and_holds_calls():
@@ -133,7 +158,7 @@ def test_a_forced_call_validates_against_the_schema_at_t0_streamed_or_not(served
     choice = whole.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
-    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    assert call.type == "function" and len(call.id) == 9 and call.id.isalnum() and call.function.name == "get_weather"
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, WEATHER)
     chunks = list(c.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice=NAMED,

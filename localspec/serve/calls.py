@@ -21,24 +21,32 @@ import secrets
 
 HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 OPENERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "{", "[", "```")
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S | re.I)
+
+
+ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
 def new_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
+    """9 letters and digits, as llama.cpp's server makes them: Mistral's templates refuse any other
+    id ("Tool call IDs should be alphanumeric strings with length 9!") on the next turn."""
+    return "".join(secrets.choice(ID_CHARS) for _ in range(9))
 
 
 def _call(obj, names) -> dict | None:
     """{"name", "arguments": dict} from one call object, or None if it is not a call."""
+    if isinstance(obj, dict) and isinstance(obj.get("function"), dict):   # OpenAI's own shape, written out
+        return _call(obj["function"], names)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
         return None
-    if isinstance(obj.get("function"), dict):   # OpenAI's own shape, written out by a model
-        return _call(obj["function"], names)
-    args = obj.get("arguments", obj.get("parameters", {}))
+    keys = set(obj) - {"name", "id", "type"}
+    if len(keys) != 1 or not keys <= {"arguments", "parameters"}:
+        return None   # {"name": "f", "city": "Paris"} is not a call: its arguments would be lost
+    args = obj[keys.pop()]
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(args, dict):
         return None
@@ -62,7 +70,7 @@ def _json_calls(text: str, names) -> list[dict] | None:
             return calls or None
         try:
             value, at = decoder.raw_decode(text, at)
-        except ValueError:
+        except (ValueError, RecursionError):   # a reply of thousands of "[": text, never a 500
             return None
         for obj in value if isinstance(value, list) and value else [value]:
             call = _call(obj, names)

@@ -42,11 +42,17 @@ def arguments(value, where: str) -> dict:
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):   # deep nesting overflows the parser: bad input too
             raise ApiError(f"{where} is not valid JSON", param=where, code="invalid_value") from None
     if not isinstance(value, dict):
         raise ApiError(f"{where} must be a JSON object", param=where, code="invalid_value")
     return value
+
+
+def history_call_id(i: int, j: int) -> str:
+    """An id for a call in the history that came without one (Ollama's): 9 letters and digits,
+    which Mistral's templates insist on, fixed by its place so a conversation renders the same."""
+    return f"c{i:04d}{j:04d}"[:9]
 
 
 def tool_calls(calls, i: int) -> list[dict]:
@@ -60,7 +66,7 @@ def tool_calls(calls, i: int) -> list[dict]:
         if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]):
             raise ApiError(f"{where}[{j}] needs a function with a name", param=f"{where}[{j}]", code="invalid_value")
         args = arguments(function.get("arguments", {}), f"{where}[{j}].function.arguments")
-        call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{i}_{j}"
+        call_id = call.get("id") if isinstance(call.get("id"), str) else history_call_id(i, j)
         out.append({"id": call_id, "type": "function", "function": {"name": function["name"], "arguments": args}})
     return out
 

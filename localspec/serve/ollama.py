@@ -5,7 +5,7 @@
 a client asks for (as the OpenAI routes serve any name). A request is mapped onto an OpenAI body
 and checked by the same parser (`api.parse`), so the options mean what they mean there:
 temperature, top_k, top_p, min_p, seed, stop, repeat_penalty, presence_penalty, frequency_penalty,
-num_predict (max_tokens; negative: until the context is full); num_ctx is accepted up to the
+num_predict (max_tokens; 0, negative or absent, as in Ollama: until the context is full); num_ctx is accepted up to the
 server's context, refused above it; Ollama's other options (num_thread, num_gpu...) are the server's
 business and ignored. `format` is "json" or a JSON schema (the grammar of response_format);
 `tools` goes through the same machinery as OpenAI's (calls in Ollama's shape, arguments as an
@@ -75,7 +75,7 @@ def openai_body(body, chat: bool, n_ctx: int, has_template: bool) -> tuple[dict,
         for name in ("images", "suffix", "context", "template"):
             if body.get(name):
                 _refuse(f"'{name}' is not supported", name)
-        prompt, system = body.get("prompt"), body.get("system")
+        prompt, system = body.get("prompt") or "", body.get("system")   # none: a load request
         if not isinstance(prompt, str) or not (system is None or isinstance(system, str)):
             _refuse("'prompt' (and 'system', if given) must be strings", "prompt")
         if body.get("raw") or not has_template:   # raw: the prompt as given, no chat template
@@ -99,7 +99,9 @@ def openai_body(body, chat: bool, n_ctx: int, has_template: bool) -> tuple[dict,
     if predict is not None:
         if not isinstance(predict, int) or isinstance(predict, bool):
             _refuse("options.num_predict must be an integer", "options.num_predict")
-        out["max_tokens"] = predict if predict > 0 else n_ctx   # -1, -2: until the context is full
+        out["max_tokens"] = predict if predict > 0 else n_ctx   # 0, -1, -2: until the context is full
+    else:
+        out["max_tokens"] = n_ctx   # Ollama's default: no limit but the context
     num_ctx = options.get("num_ctx")
     if num_ctx is not None and (not isinstance(num_ctx, int) or isinstance(num_ctx, bool) or num_ctx > n_ctx):
         _refuse(f"options.num_ctx must be an integer of at most the server's context, {n_ctx} tokens "
@@ -141,7 +143,9 @@ class Ollama:
         mapped, as_chat = openai_body(body, chat, server.session.n_ctx, target.chat_template is not None)
         model = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else server.model_id
         if not body.get("messages" if chat else "prompt"):   # Ollama's way to load a model: nothing to do
-            return JSONResponse({**Shape(model, chat, None, start).part(done=True), "done_reason": "load"})
+            unload = body.get("keep_alive") in (0, "0", "0s", "0m")
+            return JSONResponse({**Shape(model, chat, None, start).part(done=True),
+                                 "done_reason": "unload" if unload else "load"})
         req = parse(mapped, server.defaults, as_chat)
         job, watcher = await server.submit(request, req)
         shape = Shape(model, chat, req.tools, start)
