@@ -8,6 +8,8 @@ as other work takes the cores, so every cost is learned online from the decoder'
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 COST_WEIGHT = 0.25         # of a new timing in a cost EWMA: larger follows a drifting machine sooner,
@@ -132,7 +134,7 @@ class VerifyCost:
         before = self.by_size.get(b)
         if before is not None and before > 0:
             total, count = self._jitter
-            self._jitter = (total + abs(float(np.log(seconds / before))), count + 1)
+            self._jitter = (total + abs(math.log(seconds / before)), count + 1)
 
     @property
     def jitter(self) -> float | None:

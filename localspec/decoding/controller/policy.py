@@ -213,9 +213,14 @@ class KController:
             if self.probes.probing:   # against the plain steps its tokens would have taken
                 loss = t_draft + t_resume + self._last_verify - (n_accepted + 1) * float(self.verify_curve(1)[0])
         self.draft_costs.observe(n_drafted, t_draft, t_resume)
+        if self.probes.probing:   # only then is the draft priced against the estimate
+            self._learn_probe(n_drafted, n_accepted, loss, testing)
+        self.acceptance.observe(n_drafted, n_accepted)
+
+    def _learn_probe(self, n_drafted: int, n_accepted: int, loss: float | None, testing: bool) -> None:
+        """A probe's outcome for the schedule; for the test of a warm start's record, its verdict."""
         rates = self.acceptance.rates(n_drafted)
-        if self.probes.probing:
-            self.probes.learn(float(np.prod(rates)), n_accepted == n_drafted, loss)
+        self.probes.learn(float(np.prod(rates)), n_accepted == n_drafted, loss)
         if testing and n_accepted and float(np.prod(rates[:n_accepted])) < REFUTED:
             # The record's acceptance is refuted by this run's first draft: so many accepted had
             # less than REFUTED chance under it (a "never pays" record held α 0.1 as 16 trials: two
@@ -228,7 +233,6 @@ class KController:
             self.draft_costs, self.first_decode = DraftCost(), BatchCost()
             self.verify_costs.forget_recorded()
             self._draft_steps = 0
-        self.acceptance.observe(n_drafted, n_accepted)
 
     # ---- reading --------------------------------------------------------------------------
     @property

@@ -23,6 +23,8 @@ dear predecessor.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 PROBE_K = 2                # a probe drafts at least this many tokens: more evidence per probe,
@@ -105,7 +107,7 @@ class Probes:
 
     def timed(self, seconds: float) -> None:
         """A step's (or a part of one's) seconds, probe or not: the budget's base."""
-        if np.isfinite(seconds) and seconds > 0:
+        if math.isfinite(seconds) and seconds > 0:   # every step: a scalar test, not numpy's
             self.elapsed += seconds
 
     def learn(self, p_all: float, all_accepted: bool, loss: float | None = None) -> None:
@@ -113,7 +115,7 @@ class Probes:
         the seconds it lost against decoding its tokens plainly (None: not timed)."""
         self.streak = self.streak + 1 if p_all < 0.5 and all_accepted else 0
         self.count += 1
-        if loss is not None and np.isfinite(loss) and not self._exploring:
+        if loss is not None and math.isfinite(loss) and not self._exploring:
             self.lost += loss
             self.dearest = max(self.dearest, loss)
         self._exploring = False
