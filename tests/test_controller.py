@@ -10,6 +10,7 @@ needs its own simulated stream, and they share the helpers at the top.
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -704,3 +705,44 @@ def test_a_probe_that_another_drafter_served_is_made_at_the_next_step():
 
 
 PROBE_EVERY_CAP = 64
+
+
+def test_the_budget_counts_the_records_test_and_expects_the_next_probe_to_cost_as_much_as_the_last():
+    """The record's test is made whatever the budget, but what it lost counts; a later probe is
+    refused while what probes lost, plus the last probe's loss, exceeds EXPLORE_BUDGET of the time
+    decoded (before, the test was free and the dearest probe was forgiven: ~6 % of a short run on a
+    GPU-class pass where drafting never pays)."""
+    from localspec.decoding.controller.probes import EXPLORE_BUDGET, Probes
+
+    p = Probes()
+    tokens, seconds = np.array([1.0, 1.5, 1.8]), np.array([1.0, 1.6, 2.0])
+    p.timed(100.0)
+    k = 0
+    for _ in range(EXPLORE_FIRST):
+        k = p.choose(tokens, seconds, 2, None, True, unconfirmed=True)
+    assert k and p.probing
+    p.learn(0.9, False, loss=2.0)           # the test lost 2 s
+    assert p.lost == 2.0 and p.last_loss == 2.0
+    # 4 s of probe price against 3 % of 100 s: refused however long the wait in steps...
+    assert not any(p.choose(tokens, seconds, 2, None, True) for _ in range(200))
+    assert p.wait(1.0) == math.ceil((4.0 - EXPLORE_BUDGET * 100.0) / EXPLORE_BUDGET)
+    p.timed(40.0)                             # ...until the time decoded pays for it
+    assert p.choose(tokens, seconds, 2, None, True) > 0
+
+
+def test_plain_is_held_without_re_deciding_until_a_probe_is_affordable(monkeypatch):
+    """Once plain wins and the budget refuses probes, the controller does not re-price every step
+    (~0.1 ms each, 3-4 % of a GPU-class pass): it re-decides at most every HOLD_PLAIN + 1 steps."""
+    from localspec.decoding.controller.policy import HOLD_PLAIN
+
+    def verify(b):
+        return (3 + 1.2 * (b - 1)) * MS
+    c = KController(k_max=8)
+    simulate(c, np.random.default_rng(3), 40, lambda s, p: 0.5, verify, 2.5 * MS)
+    c.probes.lost = 1.0    # probes have lost far more than the budget allows for a while
+    calls = []
+    real = c._throughput
+    monkeypatch.setattr(c, "_throughput", lambda top: calls.append(top) or real(top))
+    ks = simulate(c, np.random.default_rng(4), 330, lambda s, p: 0.5, verify, 2.5 * MS, start=40)
+    assert not any(ks[REFRESH_PLAIN:]), ks
+    assert len(calls) <= 330 // (HOLD_PLAIN + 1) + 3, len(calls)

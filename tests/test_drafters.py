@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from localspec.config import SamplingConfig
-from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.drafters import LOOKUP_OPTIMISM, PromptLookup
 from localspec.decoding.lookup import LookupRates, class_of
 from localspec.tokens import common_prefix
+
+MS = 1e-3
 
 CFG = SamplingConfig(temperature=0.0)
 RNG = np.random.default_rng(0)
@@ -126,3 +128,28 @@ def test_what_a_drafter_draws_never_shifts_the_acceptance_draws(target):
         runs.append(([t for s in steps for t in s.tokens], sum(s.n_drafted for s in steps)))
     assert runs[0][1] > 0, "lookup drafted nothing: the test would prove nothing"
     assert runs[0] == runs[1]
+
+
+def test_a_lookup_candidate_ends_where_a_token_earns_less_than_its_verify_row():
+    """A token whose chance of being reached and accepted is under what one more verify row costs
+    against a plain pass (`KController.row_share`) cannot be part of a plan that beats plain
+    decoding, nor can any after it: the candidate ends before it, and the step skips pricing it."""
+    from localspec.decoding.controller import KController
+
+    context = [5, 6, 7, 8, 1, 2, 3, 5, 6, 7]   # "5 6 7" was followed by 8: a 3-token match
+    c = KController(k_max=8)
+    for _ in range(3):
+        c.observe(0, 0, 0, 0.0, 3 * MS)
+    for b in (2, 3, 4, 5):
+        c.observe(b - 1, b - 1, 0, 0.0, (3 + 0.5 * (b - 1)) * MS)   # a row: 0.5 ms, 1/6 of a pass
+    c.verify_curve(9)
+    assert c.row_share() == pytest.approx(0.5 / 3, rel=1e-6)
+    rate = c.lookup.table(LOOKUP_OPTIMISM)[class_of(3, False)]
+    lookup = PromptLookup()
+    assert lookup.limit(context, 4, c) >= 1        # the class's rate beats a cheap row
+    for b in (2, 3, 4, 5):   # rows grow dear: each now costs more than the token could earn
+        for _ in range(30):
+            c.observe(b - 1, b - 1, 0, 0.0, (3 + 3 * (b - 1) * (rate + 0.05)) * MS)
+    c.verify_curve(9)
+    assert c.row_share() > rate
+    assert lookup.limit(context, 4, c) == 0

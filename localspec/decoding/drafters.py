@@ -261,12 +261,19 @@ class PromptLookup:
 
     def limit(self, context: Sequence[int], k_max: int, controller=None) -> int:
         """Find the candidate continuation (up to k_max tokens) and return its length. With an
-        adaptive `controller`, no further than its tokens could still pay (REACH_MIN)."""
+        adaptive `controller`, no further than its tokens could still pay: a token whose chance of
+        being reached and accepted is under REACH_MIN, or under what its verify row costs against
+        a plain pass (`KController.row_share`), earns less than that row, as every token after it
+        does (their chances only fall): no plan that beats plain decoding drafts it. On a pass of a
+        few milliseconds with steep rows (a 128k output layer on a CPU, ~0.4 of a pass a row), the
+        short matches of sampled text then end before their first token, and the step skips
+        pricing them (~0.1 ms)."""
         self.store.update(context)
-        rates = None
+        rates, reach_min = None, REACH_MIN
         if controller is not None and controller.fixed_k is None:
             rates = controller.lookup.table(LOOKUP_OPTIMISM)
-        self._candidate, self._classes = self.store.candidate(context, k_max, rates, REACH_MIN)
+            reach_min = max(REACH_MIN, controller.row_share())
+        self._candidate, self._classes = self.store.candidate(context, k_max, rates, reach_min)
         return len(self._candidate)
 
     def lag(self, context: Sequence[int]) -> int:

@@ -84,6 +84,7 @@ class VerifyCost:
         self._level_from: int | None = None        # the size whose first timing set their level
         self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # cost(1..k_max+1), refitted lazily
+        self.row_share = 0.0   # the cheapest added verify row as a share of a plain pass, at the last fit
         self._fit_values: dict[int, float] = {}    # by_size as the curve was fitted
         self.steps = 0                             # target passes reported, timed or not
         self.trust = WARM_TRUST                    # steps untimed recorded sizes are believed
@@ -168,8 +169,10 @@ class VerifyCost:
 
     def fitted(self) -> np.ndarray:
         if self._curve is None:
-            self._curve = self._fit_curve(self.k_max + 1)
+            curve = self._curve = self._fit_curve(self.k_max + 1)
             self._fit_values = dict(self.by_size)
+            if len(curve) > 1 and curve[0] > 0:
+                self.row_share = max(float(np.min(np.diff(curve)) / curve[0]), 0.0)
         return self._curve
 
     def _fit_curve(self, top: int) -> np.ndarray:

@@ -15,7 +15,8 @@ How `choose` decides, in order (the constants below and in `probes` set each ste
 4. Otherwise k = argmax E(k) / (t_draft(k) + t_verify(k + 1)), ties to the smaller k. While
    speculating, every EXPLORE_EVERY steps the neighbours k - 1 and k + 1 are tried, so one noisy
    timing cannot keep a better k unvisited.
-5. When plain wins, it is held for up to HOLD_PLAIN steps (deciding costs ~0.1 ms). Now and then it
+5. When plain wins, it is held until the next probe is due and affordable, at most HOLD_PLAIN
+   steps (deciding costs ~0.1 ms). Now and then it
    probes with k = PROBE_K..START_K (`probes`): spaced so that the expected loss stays near
    PROBE_OVERHEAD of plain throughput, judged with PROBE_OPTIMISM standard errors while acceptance
    rests on few trials, plus a spacing that keeps a draft model's catch-up (a resume) near
@@ -49,8 +50,10 @@ EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbo
 REFUTED = 0.25            # a record whose α gave the accepted tokens of this run's first draft less
                            # than this chance is dropped: larger drops more true records (the price
                            # of each: a cold start's two measuring steps)
-HOLD_PLAIN = 8             # once plain wins, skip re-deciding for this many steps (fast models:
-                           # deciding costs ~0.1 ms, 1-2% of a plain step); larger reacts later
+HOLD_PLAIN = 32            # once plain wins, skip re-deciding for up to this many steps, and never
+                           # past the next probe: between probes only the plain step's cost moves,
+                           # and deciding costs ~0.1 ms, 3-4 % of a GPU-class pass; larger reacts
+                           # later to a drift of that cost alone
 
 
 def _usable(t) -> bool:
@@ -121,8 +124,8 @@ class KController:
                 tokens, seconds = self.estimates(cap, optimism=PROBE_OPTIMISM)
                 k = self.probes.choose(tokens, seconds, START_K, self.draft_costs.resume, in_sync,
                                        unconfirmed=self.warm and not self.drafted_here)
-                if k == 0:  # never hold past the step where the next probe is due
-                    self._hold = max(0, min(HOLD_PLAIN, self.probes.every - self.probes.since - 1))
+                if k == 0:  # never hold past the step where the next probe is due (and affordable)
+                    self._hold = max(0, min(HOLD_PLAIN, self.probes.wait(float(seconds[0])) - 1))
             else:
                 self.probes.since = self.probes.streak = 0
                 self._spec_steps += 1
@@ -255,6 +258,12 @@ class KController:
         if self.batch is not None and self.batch.known():
             return self.batch.curve(top)
         return self.verify_costs.curve(top)
+
+    def row_share(self) -> float:
+        """What one more verify row costs at least, as a share of a plain pass (as last fitted; 0
+        unknown, or in a batch): a draft token less likely than this to be reached and accepted
+        earns less than its row, and so does every token after it."""
+        return self.verify_costs.row_share if self.batch is None else 0.0
 
     def costs_known(self) -> bool:
         return bool(self.verify_costs.by_size) or (self.batch is not None and self.batch.known())
