@@ -93,6 +93,10 @@ class VerifyCost:
     def timed_here(self, b: int) -> bool:
         return b in self.by_size and b not in self.recorded
 
+    def times_here(self, b: int) -> int:
+        """How many timings of b tokens this run has made (0: none, or only a record's)."""
+        return self._timed.get(b, (0, 0))[1] if self.timed_here(b) else 0
+
     def untimed(self) -> None:
         """A target pass timed elsewhere (a batch's decode, by the batcher): a step, no timing."""
         self.steps += 1

@@ -11,7 +11,8 @@ How `choose` decides, in order (the constants below and in `probes` set each ste
 2. Start-up. The first two drafting steps use START_K, to time the draft and a verify size (twice,
    since a first timing is often cold); then one plain step times t_verify(1). A warm start
    (`warm_start`) skips the drafting part but still times one plain step first.
-3. A plain step every REFRESH_PLAIN speculating steps keeps t_verify(1) current.
+3. A plain step every REFRESH_PLAIN speculating steps keeps t_verify(1) current; the second comes
+   SECOND_PLAIN steps after the first, which is often cold.
 4. Otherwise k = argmax E(k) / (t_draft(k) + t_verify(k + 1)), ties to the smaller k. While
    speculating, every EXPLORE_EVERY steps the neighbours k - 1 and k + 1 are tried, so one noisy
    timing cannot keep a better k unvisited.
@@ -43,6 +44,10 @@ from .trees import TreeChooser
 
 START_K = 4                # the first two steps draft a moderate k to measure t_draft and alpha:
                            # larger times longer drafts at once, but wastes more on a bad pair
+SECOND_PLAIN = 16          # the second plain timing comes this many steps after the first, which
+                           # is often cold (seen: 5.0 ms against 2.5 on a GPU-class pass): beside
+                           # re-timed drafting sizes a spiked t_verify(1) made speculation look
+                           # paying (0.6x plain) until the next plain step; larger believes it longer
 REFRESH_PLAIN = 64         # re-measure t_verify(1) after this many steps without a plain step:
                            # smaller follows a growing context sooner, at a plain step's loss
 EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbours' costs fresh:
@@ -142,7 +147,8 @@ class KController:
         """A plain step is needed now to time t_verify(1): never timed here, or stale."""
         if self.batch is not None:
             return self.batch.plain_due()
-        return not self.verify_costs.timed_here(1) or self._since_plain >= REFRESH_PLAIN
+        times = self.verify_costs.times_here(1)
+        return not times or self._since_plain >= (SECOND_PLAIN if times == 1 else REFRESH_PLAIN)
 
     def starting(self) -> bool:
         """Still in the start-up that times the draft model (rule 2 above)."""

@@ -16,8 +16,9 @@ high, and believed it would keep itself, as nothing re-times what is never tried
 draft of PROBE_K tokens, made whatever the budget. Every other probe is allowed only while what
 probes lost, measured (their seconds against the plain steps their tokens would have taken), the
 record's test included, plus what the last probe lost (the next one's likely price), stays under
-EXPLORE_BUDGET of the time decoded so far: whatever a record or a busy moment says, probes cost at
-most that share of a run, or the test alone in a run too short to pay for it. Probes that gain
+EXPLORE_BUDGET of the time decoded so far (a run counted as at least BUDGET_HORIZON plain steps):
+whatever a record or a busy moment says, probes cost at most that share of a run, or the test alone
+in a run too short to pay for it. Probes that gain
 open the budget again. Until a probe is due and affordable the controller holds plain without
 re-deciding.
 """
@@ -46,6 +47,9 @@ EXPLORE_FIRST = 8          # a record's verdict is tested after this many plain 
                            # corrects a stale record sooner, costs a short run more when it is right
 EXPLORE_BUDGET = 0.03      # probes may lose at most this share of the time decoded (measured), so a
                            # pair that never pays stays >= 0.97x plain: larger re-tests more often
+BUDGET_HORIZON = 128       # ...of a run taken as at least this many plain steps long: smaller stalls
+                           # early probing longer after one unlucky probe, larger lets short runs
+                           # (under this many tokens) pay more than the budget
 
 
 class Probes:
@@ -79,7 +83,7 @@ class Probes:
         full = np.arange(1, cap + 2)   # tokens per step if every draft were accepted
         if np.max(full[1:] / seconds[1:]) < HOPELESS * full[0] / seconds[0]:
             self._hopeless = True
-            return self._due(self.hopeless_every, min(PROBE_K, cap))
+            return self._due(self.hopeless_every, min(PROBE_K, cap), plain=float(seconds[0]))
         self.hopeless_every = HOPELESS_FIRST
         best = 1 + int(np.argmax(tokens[1:] / seconds[1:]))
         k = min(max(best, PROBE_K + self.streak), k_top, cap)
@@ -89,27 +93,30 @@ class Probes:
         # does not shrink with rarer probes, so it alone sets a floor on their spacing.
         if not in_sync:  # a drafter in step with the text probes without a catch-up
             every += round((resume or 0.0) / seconds[0] / RESUME_OVERHEAD)
-        return self._due(max(every >> self.streak, PROBE_MIN), k)
+        return self._due(max(every >> self.streak, PROBE_MIN), k, plain=float(seconds[0]))
 
-    def _due(self, every: int, k: int, budget: bool = True) -> int:
-        """k when a probe spaced `every` plain steps is due (and, with `budget`, affordable), else 0."""
+    def _due(self, every: int, k: int, budget: bool = True, plain: float = 0.0) -> int:
+        """k when a probe spaced `every` plain steps is due (and, with `budget`, affordable), else 0.
+        `plain`: the seconds of a plain step."""
         self.every = every
         self.since += 1
-        if self.since < every or (budget and self._over() > 0):
+        if self.since < every or (budget and self._over(plain) > 0):
             return 0
         self.since, self.probing = 0, True
         return k
 
-    def _over(self) -> float:
+    def _over(self, plain: float) -> float:
         """Seconds by which a probe now, priced as the last one, would take probes past the budget
-        (<= 0: affordable)."""
-        return self.lost + self.last_loss - EXPLORE_BUDGET * self.elapsed
+        (<= 0: affordable). A run is budgeted as at least BUDGET_HORIZON plain steps long: early in
+        a run one probe that lost would otherwise stop probing for dozens of steps, a stall in plain
+        decoding where a near-even pair may pay."""
+        return self.lost + self.last_loss - EXPLORE_BUDGET * max(self.elapsed, BUDGET_HORIZON * plain)
 
     def wait(self, plain_seconds: float) -> int:
         """Plain steps of `plain_seconds` each before a probe can be due and affordable: the
         controller need not re-decide before then (deciding costs ~0.1 ms, 3-4 % of a GPU-class pass)."""
         steps = self.every - self.since
-        over = self._over()
+        over = self._over(plain_seconds)
         if over > 0 and plain_seconds > 0:
             steps = max(steps, math.ceil(over / (EXPLORE_BUDGET * plain_seconds)))
         return max(steps, 0)
