@@ -746,3 +746,31 @@ def test_plain_is_held_without_re_deciding_until_a_probe_is_affordable(monkeypat
     ks = simulate(c, np.random.default_rng(4), 330, lambda s, p: 0.5, verify, 2.5 * MS, start=40)
     assert not any(ks[REFRESH_PLAIN:]), ks
     assert len(calls) <= 330 // (HOLD_PLAIN + 1) + 3, len(calls)
+
+
+def test_a_cold_first_plain_timing_is_re_timed_soon():
+    """A run's first plain step is often cold (a new graph shape: 5.0 ms against 2.5 seen on the 128k
+    stand-in). Beside drafting sizes re-timed at their true cost, that spike made a losing pair look
+    paying until the next plain step, REFRESH_PLAIN steps on: half a short run at 0.67x plain. The
+    second plain timing comes SECOND_PLAIN steps after the first, and the pair goes plain."""
+    from localspec.decoding.controller.policy import SECOND_PLAIN
+
+    def verify(b):
+        return (2.5 + 2.0 * (b - 1)) * MS      # steep rows: drafting never pays here
+    def spiked(b):                              # the run that wrote the record was cold at b = 1 too
+        return 2.5 * verify(1) if b == 1 else verify(b)
+    draft = 2.0 * MS
+    c = _warm(_learned_on(lambda i: 0.75, draft, spiked))
+    ks = []
+    rng = np.random.default_rng(0)
+    for step in range(60):
+        k = c.choose()
+        n = 0
+        while n < k and rng.random() < 0.75:
+            n += 1
+        spike = 2.5 if step == 0 else 1.0      # only the first plain step is cold
+        c.observe(k, k, n, k * draft, verify(k + 1) * (spike if k == 0 else 1.0))
+        ks.append(k)
+    assert 0 in ks[1:SECOND_PLAIN + 2], ks
+    assert sum(k > 0 for k in ks[SECOND_PLAIN + 2:]) <= 4, ks   # then plain, bar a probe or two
+    assert SECOND_PLAIN < REFRESH_PLAIN
