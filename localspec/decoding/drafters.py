@@ -265,7 +265,7 @@ class PromptLookup:
         being reached and accepted is under REACH_MIN, or under what its verify row costs against
         a plain pass (`KController.row_share`), earns less than that row, as every token after it
         does (their chances only fall): no plan that beats plain decoding drafts it. On a pass of a
-        few milliseconds with steep rows (a 128k output layer on a CPU, ~0.4 of a pass a row), the
+        few milliseconds with steep rows (a 128k output layer on a CPU: 0.3-0.8 of a pass a row), the
         short matches of sampled text then end before their first token, and the step skips
         pricing them (~0.1 ms)."""
         self.store.update(context)
