@@ -16,15 +16,21 @@ How `choose` decides, in order (the constants below and in `probes` set each ste
 4. Otherwise k = argmax E(k) / (t_draft(k) + t_verify(k + 1)), ties to the smaller k. While
    speculating, every EXPLORE_EVERY steps the neighbours k - 1 and k + 1 are tried, so one noisy
    timing cannot keep a better k unvisited.
-5. When plain wins, it is held until the next probe is due and affordable, at most HOLD_PLAIN
-   steps (deciding costs ~0.1 ms). Now and then it
-   probes with k = PROBE_K..START_K (`probes`): spaced so that the expected loss stays near
-   PROBE_OVERHEAD of plain throughput, judged with PROBE_OPTIMISM standard errors while acceptance
-   rests on few trials, plus a spacing that keeps a draft model's catch-up (a resume) near
-   RESUME_OVERHEAD, waived when the drafter is in step with the text. A pair where even full
-   acceptance stays below HOPELESS of plain speed is probed rarely (16, 32, 64... up to
-   HOPELESS_EVERY steps apart). A verdict resting on a warm start's record alone is tested after
-   EXPLORE_FIRST plain steps, and probes that lose stay within EXPLORE_BUDGET of the run's time.
+5. Hysteresis: once speculating (the start-up's drafts count), a draft model in step with the
+   text keeps drafting (the best k > 0) while plain wins only on the estimate as it stands, not
+   on one made optimistic by PROBE_OPTIMISM standard errors where acceptance rests on few trials.
+   Leaving is cheap; coming back costs a catch-up of every token missed (~0.2 of a pass each on a
+   CPU) and waits for a probe, so one early rejection on a pair that pays ~1.1x kept a whole run
+   plain. Drafting steps firm the estimate up; plain steps teach nothing about acceptance.
+6. When plain wins, it is held until the next probe is due and affordable, at most HOLD_PLAIN
+   steps (deciding costs ~0.1 ms). Now and then it probes with k = PROBE_K..START_K (`probes`):
+   spaced so that the expected loss stays near PROBE_OVERHEAD of plain throughput, judged with
+   PROBE_OPTIMISM standard errors while acceptance rests on few trials, plus a spacing that keeps
+   a draft model's catch-up (a resume) near RESUME_OVERHEAD, waived when the drafter is in step
+   with the text. A pair where even full acceptance stays below HOPELESS of plain speed is probed
+   rarely (16, 32, 64... up to HOPELESS_EVERY steps apart). A verdict resting on a warm start's
+   record alone is tested after EXPLORE_FIRST plain steps, and probes that lose stay within
+   EXPLORE_BUDGET of the run's time.
 `observe` hands each timing and count to the parts that learn from it (`costs`, `draft_costs`,
 `alpha`; the package docstring lists them) and keeps the counters the rules above read.
 """
@@ -83,6 +89,7 @@ class KController:
         self._since_plain = 0      # steps since t_verify(1) was last measured
         self.probes = Probes()
         self._hold = 0             # plain steps left before plain-vs-speculation is re-decided
+        self._speculating = False  # the last decision was to speculate (rule 5 keeps it so)
         self.warm = False          # started from a record (`warm_start`)...
         self.record_weight = 1.0   # ...worth this much (1: a steady run's, today's)
         self.drafted_here = False  # the drafter has drafted in this controller's lifetime
@@ -116,6 +123,7 @@ class KController:
             k = 0                       # nothing to draft: a plain step, not a decision
         elif self._draft_steps < 2:     # measure t_draft, alpha and one verify size first;
             k = min(START_K, cap)       # twice, as a first timing is often cold
+            self._speculating = True    # and the verdict on two drafts is held loosely (rule 5)
         elif self.plain_due():
             k = 0                       # plain cost unknown or stale (the context grows, the
                                         # machine's speed drifts; a warm start's is from then)
@@ -124,9 +132,15 @@ class KController:
             self.probes.since += 1
             k = 0
         else:
-            k = int(np.argmax(self._throughput(cap)))   # ties go to the cheaper k
+            throughput = self._throughput(cap)
+            k = int(np.argmax(throughput))   # ties go to the cheaper k
             if k == 0:
                 tokens, seconds = self.estimates(cap, optimism=PROBE_OPTIMISM)
+                if (self._speculating and in_sync and not self.draft_cost_free
+                        and np.max(tokens[1:] / seconds[1:]) > tokens[0] / seconds[0]):
+                    k = 1 + int(np.argmax(throughput[1:]))   # keep drafting: leaving is dear (rule 5)
+            self._speculating = k > 0
+            if k == 0:
                 k = self.probes.choose(tokens, seconds, START_K, self.draft_costs.resume, in_sync,
                                        unconfirmed=self.warm and not self.drafted_here)
                 if k == 0:  # never hold past the step where the next probe is due (and affordable)
@@ -237,7 +251,10 @@ class KController:
             # from the prior, with the start-up's drafting steps, which time the drafting afresh
             # (this draft's catch-up was split by the record's line, and may be counted as drafting),
             # and the verify costs this run has timed, not the record's (an erratic record's sizes
-            # were off by up to 5× either way, and kept half the run's steps plain).
+            # were off by up to 5× either way, and kept half the run's steps plain). The test's
+            # loss was a cold start's price, not a probe's: left in the budget, it (a cold first
+            # decode, the prompt's catch-up: 2-3 plain steps) refused probes for ~60 steps.
+            self.probes.forget_losses()
             self.acceptance.reset()
             self.draft_costs, self.first_decode = DraftCost(), BatchCost()
             self.verify_costs.forget_recorded()

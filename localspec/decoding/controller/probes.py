@@ -18,9 +18,9 @@ probes lost, measured (their seconds against the plain steps their tokens would 
 record's test included, plus what the last probe lost (the next one's likely price), stays under
 EXPLORE_BUDGET of the time decoded so far (a run counted as at least BUDGET_HORIZON plain steps):
 whatever a record or a busy moment says, probes cost at most that share of a run, or the test alone
-in a run too short to pay for it. Probes that gain
-open the budget again. Until a probe is due and affordable the controller holds plain without
-re-deciding.
+in a run too short to pay for it; a test that refutes its record was a cold start's price, and the
+budget starts over. Probes that gain open the budget again. Until a probe is due and
+affordable the controller holds plain without re-deciding.
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ class Probes:
         self._hopeless = False     # this probe tests a hopeless verdict
         self.lost = 0.0            # seconds probes lost against plain decoding (negative: gained)
         self.last_loss = 0.0       # what the last probe lost (>= 0): the price the budget expects next
-        self._exploring = False    # this probe tests a warm start's record (made whatever the budget)
         self.elapsed = 0.0         # seconds of every step timed
         self.count = 0             # probes made
 
@@ -76,9 +75,8 @@ class Probes:
         seconds, `in_sync`: the drafter would draft without catching up first; `unconfirmed`: the
         verdict rests on a warm start's record, not on drafting timed in this run."""
         cap = len(tokens) - 1
-        self._hopeless = self._exploring = False
-        if unconfirmed:
-            self._exploring = True
+        self._hopeless = False
+        if unconfirmed:   # the record's test: made whatever the budget
             return self._due(EXPLORE_FIRST, min(PROBE_K, cap), budget=False)
         full = np.arange(1, cap + 2)   # tokens per step if every draft were accepted
         if np.max(full[1:] / seconds[1:]) < HOPELESS * full[0] / seconds[0]:
@@ -132,6 +130,10 @@ class Probes:
         if math.isfinite(seconds) and seconds > 0:   # every step: a scalar test, not numpy's
             self.elapsed += seconds
 
+    def forget_losses(self) -> None:
+        """The budget starts over, as in a cold run (a warm start's record was refuted)."""
+        self.lost = self.last_loss = 0.0
+
     def learn(self, p_all: float, all_accepted: bool, loss: float | None = None) -> None:
         """After a probe: `p_all`, the estimate's chance that the whole draft is accepted; `loss`,
         the seconds it lost against decoding its tokens plainly (None: not timed)."""
@@ -140,7 +142,6 @@ class Probes:
         if loss is not None and math.isfinite(loss):
             self.lost += loss
             self.last_loss = max(loss, 0.0)
-        self._exploring = False
         if self._hopeless:
             self.hopeless_every = min(2 * self.hopeless_every, HOPELESS_EVERY)
             self._hopeless = False
