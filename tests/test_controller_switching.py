@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.decoding.controller import KController
+from localspec.decoding.controller import EXPLORE_FIRST, KController
 from localspec.decoding.controller.draft_costs import DraftCost
 from localspec.decoding.drafters import SYNC_LAG
 from tests.test_controller import _learned_on, _warm
@@ -130,3 +130,23 @@ def test_a_refuted_records_test_leaves_the_budget_to_the_run():
         c.observe(k, k, k, 150 * MS if k else 0.0, verify(k + 1))   # the test: all accepted, dear
     assert c.probes.count == 1
     assert c.probes.lost == 0.0 and c.probes.last_loss == 0.0
+
+
+def test_a_hopeless_records_test_is_that_verdicts_first_probe():
+    """A record of a pair where even full acceptance loses: after its test the next probe comes
+    2 x HOPELESS_FIRST plain steps on, then twice that, not HOPELESS_FIRST (before, the test did not
+    count as the verdict's first probe, and a 128-token run on the 128k stand-in paid one probe
+    more: ~1.5 % of it)."""
+    from localspec.decoding.controller.probes import HOPELESS_FIRST, Probes
+
+    p = Probes()
+    p.timed(1000.0)                               # the budget is no limit here
+    tokens, seconds = np.array([1.0, 1.8, 2.4]), np.array([1.0, 2.5, 3.5])   # full acceptance: 0.8x
+    steps = []
+    for step in range(200):
+        k = p.choose(tokens, seconds, 2, None, True, unconfirmed=not steps)
+        if k:
+            steps.append(step)
+            p.learn(0.5, False, loss=0.0)
+    assert steps[0] == EXPLORE_FIRST - 1, steps
+    assert np.diff(steps[:3]).tolist() == [2 * HOPELESS_FIRST, 4 * HOPELESS_FIRST], steps

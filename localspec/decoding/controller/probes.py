@@ -10,17 +10,17 @@ help: probes become rare, their spacing doubling from HOPELESS_FIRST to HOPELESS
 that a busy moment that made drafting look hopeless is corrected within the run.
 
 Exploration with a bounded price. A verdict that rests on a warm start's record alone (the drafter
-has not drafted in this run) is tested after EXPLORE_FIRST plain steps whatever the record says:
-a record written while the machine was busy, or on another day, can price drafting 10-30× too
-high, and believed it would keep itself, as nothing re-times what is never tried. That test is one
-draft of PROBE_K tokens, made whatever the budget. Every other probe is allowed only while what
-probes lost, measured (their seconds against the plain steps their tokens would have taken), the
-record's test included, plus what the last probe lost (the next one's likely price), stays under
-EXPLORE_BUDGET of the time decoded so far (a run counted as at least BUDGET_HORIZON plain steps):
-whatever a record or a busy moment says, probes cost at most that share of a run, or the test alone
-in a run too short to pay for it; a test that refutes its record was a cold start's price, and the
-budget starts over. Probes that gain open the budget again. Until a probe is due and
-affordable the controller holds plain without re-deciding.
+has not drafted in this run) is tested after EXPLORE_FIRST plain steps whatever the record says: a
+record written while the machine was busy, or on another day, can price drafting 10-30× too high,
+and believed it would keep itself, as nothing re-times what is never tried. That test is one draft
+of PROBE_K tokens, made whatever the budget (where the record says hopeless, that verdict's first
+probe). Every other probe is allowed only while what probes lost, measured (their seconds against
+the plain steps their tokens would have taken), the record's test included, plus what the last probe
+lost (the next one's likely price), stays under EXPLORE_BUDGET of the time decoded so far (a run
+counted as at least BUDGET_HORIZON plain steps): whatever a record or a busy moment says, probes
+cost at most that share of a run, or the test alone in a run too short to pay for it; a test that
+refutes its record was a cold start's price, and the budget starts over. Probes that gain open the
+budget again. Until a probe is due and affordable the controller holds plain without re-deciding.
 """
 
 from __future__ import annotations
@@ -75,12 +75,12 @@ class Probes:
         seconds, `in_sync`: the drafter would draft without catching up first; `unconfirmed`: the
         verdict rests on a warm start's record, not on drafting timed in this run."""
         cap = len(tokens) - 1
-        self._hopeless = False
-        if unconfirmed:   # the record's test: made whatever the budget
-            return self._due(EXPLORE_FIRST, min(PROBE_K, cap), budget=False)
         full = np.arange(1, cap + 2)   # tokens per step if every draft were accepted
-        if np.max(full[1:] / seconds[1:]) < HOPELESS * full[0] / seconds[0]:
-            self._hopeless = True
+        self._hopeless = bool(np.max(full[1:] / seconds[1:]) < HOPELESS * full[0] / seconds[0])
+        if unconfirmed:   # the record's test: made whatever the budget, and where the record
+            # says hopeless, the first probe of that verdict (the next comes 2 x HOPELESS_FIRST on)
+            return self._due(EXPLORE_FIRST, min(PROBE_K, cap), budget=False)
+        if self._hopeless:
             return self._due(self.hopeless_every, min(PROBE_K, cap), plain=float(seconds[0]))
         self.hopeless_every = HOPELESS_FIRST
         best = 1 + int(np.argmax(tokens[1:] / seconds[1:]))
@@ -131,8 +131,10 @@ class Probes:
             self.elapsed += seconds
 
     def forget_losses(self) -> None:
-        """The budget starts over, as in a cold run (a warm start's record was refuted)."""
+        """The budget and the hopeless spacing start over, as in a cold run (a warm start's record
+        was refuted)."""
         self.lost = self.last_loss = 0.0
+        self.hopeless_every = HOPELESS_FIRST
 
     def learn(self, p_all: float, all_accepted: bool, loss: float | None = None) -> None:
         """After a probe: `p_all`, the estimate's chance that the whole draft is accepted; `loss`,
