@@ -14,6 +14,7 @@ import numpy as np
 
 from localspec.decoding.controller import EXPLORE_FIRST, KController
 from localspec.decoding.controller.draft_costs import DraftCost
+from localspec.decoding.controller.probes import PROBE_OPTIMISM
 from localspec.decoding.drafters import SYNC_LAG
 from tests.test_controller import _learned_on, _warm
 
@@ -92,7 +93,7 @@ def _speculating_at_the_edge() -> KController:
 def test_a_draft_model_in_step_keeps_drafting_while_plain_wins_only_on_the_estimate_as_it_stands():
     c = _speculating_at_the_edge()
     assert int(np.argmax(c._throughput(12))) == 0
-    tokens, seconds = c.estimates(12, optimism=2.0)
+    tokens, seconds = c.estimates(12, optimism=PROBE_OPTIMISM)
     assert np.max(tokens[1:] / seconds[1:]) > 1 / seconds[0]   # the optimistic one says drafting
     assert c.choose(None, in_sync=True) > 0
     c = _speculating_at_the_edge()
@@ -110,8 +111,9 @@ def test_a_draft_cost_line_cut_at_its_bounds_is_refitted_there():
     d = DraftCost()    # the other bound: a base above two tokens' worth
     for n, t in [(2, 30.0), (4, 30.0)]:
         d.observe(n, t * MS)
-    base_and_slope = d.seconds(2)[1:]
-    base, slope = base_and_slope[0] - (base_and_slope[1] - base_and_slope[0]), base_and_slope[1] - base_and_slope[0]
+    one, two = d.seconds(2)[1:]
+    slope = two - one
+    base = one - slope
     assert 0 < slope and abs(base - 2 * slope) < 1e-9
     assert abs((base + 2 * slope) - 30 * MS) < 8 * MS and abs((base + 4 * slope) - 30 * MS) < 8 * MS
 

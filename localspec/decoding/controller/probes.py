@@ -77,8 +77,9 @@ class Probes:
         cap = len(tokens) - 1
         full = np.arange(1, cap + 2)   # tokens per step if every draft were accepted
         self._hopeless = bool(np.max(full[1:] / seconds[1:]) < HOPELESS * full[0] / seconds[0])
-        if unconfirmed:   # the record's test: made whatever the budget, and where the record
-            # says hopeless, the first probe of that verdict (the next comes 2 x HOPELESS_FIRST on)
+        # The record's test is made whatever the budget; where the record says hopeless, it is
+        # that verdict's first probe (the next comes 2 x HOPELESS_FIRST on).
+        if unconfirmed:
             return self._due(EXPLORE_FIRST, min(PROBE_K, cap), budget=False)
         if self._hopeless:
             return self._due(self.hopeless_every, min(PROBE_K, cap), plain=float(seconds[0]))
