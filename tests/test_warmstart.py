@@ -249,6 +249,45 @@ def test_the_draft_models_catch_up_costs_are_kept(pair):
     assert warm.first_decode.predict(16) == pytest.approx(2 * c.first_decode.predict(16))
 
 
+def test_a_records_sizes_that_no_run_re_times_do_not_outlive_the_trust_window(pair):
+    """Seen on a 128k-vocabulary pair: a record held drafting 1 token 12 ms and 3 tokens 59 ms
+    beside 2 tokens 1.7 ms, which every run re-timed (its probes draft 2); the untimed lengths
+    were written back run after run, fitted 24 ms a token, and kept the pair written off as
+    hopeless. Verify sizes no run re-timed stayed in the file the same way (it merged by size)."""
+    good = _trained()
+    rec = json.loads(warmstart.save(good, pair, "model", 1.0, run=QUIET).read_text())
+    model = rec["drafters"]["model"]
+    rec["verify"] |= {"2": 0.05, "11": 0.2}                       # a busy moment's sizes
+    model["draft_by_n"] = {"1": 0.012, "2": 0.004, "3": 0.059, "7": 0.2}
+    model["first_decode"] = {"1": 0.002, "9": 0.07, "40": 0.001}
+    c = KController(8)
+    warmstart.apply(c, rec, "model", 1.0)
+    assert c.draft_seconds(3)[3] > 0.05                          # the record's shape, believed at first
+    verify_1 = rec["verify"]["1"]
+    for step in range(c.verify_costs.trust + 8):                 # plain, and a 2-token draft now and then
+        if step % 16 == 8:
+            c.observe_verify(3, 1.4 * verify_1)
+            c.first_decode.observe(4, 0.003)
+            c.observe_draft(2, 1, 0.004)
+        else:
+            c.observe_verify(1, verify_1)
+    assert c.draft_seconds(3)[3] == pytest.approx(0.006)          # 2 ms a token, as timed here
+    warmstart.save(c, pair, "model", 1.0, run=QUIET)
+    after = warmstart.read(warmstart.session_key(pair))
+    assert set(after["verify"]) == {"1", "3"}
+    assert set(after["drafters"]["model"]["draft_by_n"]) == {"2"}
+    assert set(after["drafters"]["model"]["first_decode"]) == {"4"}
+
+
+def test_a_draft_cost_fit_rests_on_the_lengths_timed_here_once_there_are_two():
+    c = KController(8)
+    c.warm_start({1: 0.01}, 0.002, draft_by_n={1: 0.002, 2: 0.004, 6: 0.3})   # 6 tokens: a busy moment
+    c.observe_draft(2, 2, 0.004)
+    assert c.draft_seconds(6)[6] > 0.1            # one length timed: the record's shape at today's level
+    c.observe_draft(4, 4, 0.008)
+    assert c.draft_seconds(6)[6] == pytest.approx(0.012)
+
+
 def test_doctor_tells_what_a_record_decides(pair):
     from localspec.loading import record_view
 

@@ -326,7 +326,8 @@ def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None,
     `measured`: the conditions new timings were taken in (`machine.Usage.as_dict`); `steady`: the
     weight of those timings (`steadiness`), None when none are saved."""
     rec = read(k) or {"schema": SCHEMA, "key": k, "verify": {}, "drafters": {}}
-    rec["verify"].update({str(b): float(t) for b, t in verify.items()})
+    if verify:   # what the run believed at its end, not merged: a size it dropped stays dropped
+        rec["verify"] = {str(b): float(t) for b, t in verify.items()}
     if measured is not None:
         rec["measured"] = measured
     if verify and steady is not None:

@@ -148,6 +148,7 @@ class VerifyCost:
         total, count = self._jitter
         return total / count if count >= JITTER_MIN else None
 
+
     def forget_recorded(self) -> None:
         """Drop the recorded batch sizes no step has re-timed (the plain one stays: it is timed
         before any drafting). A record written while the machine

@@ -9,6 +9,8 @@ charged what catching up costs.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .costs import COST_CLIP, COST_WEIGHT, ewma, fit_line, fit_weights, line_fit, replace_recorded
@@ -21,46 +23,59 @@ FIRST_DECODE_MAX = 512     # longer first decodes (a prompt's prefill) are not l
 
 class DraftCost:
     """Seconds of drafting n tokens with the draft model (EWMAs per length, a line base + slope·n
-    once two lengths are timed), and of its catch-up on text it missed during plain steps."""
+    once two lengths are timed), and of its catch-up on text it missed during plain steps.
+
+    A warm start's lengths are believed, at today's level (the first timing here sets it, as
+    `costs.replace_recorded` does), until this run has timed two lengths of its own; then only
+    those are fitted, and the record's are forgotten after the verify costs' trust (`forget_recorded`).
+    A record's length that no run re-timed was otherwise written back run after run: seen, 1 token
+    12 ms and 3 tokens 59 ms beside 2 tokens 1.7 ms timed each run, a fitted 24 ms a token that
+    wrote a 128k-vocabulary pair off as hopeless."""
 
     def __init__(self) -> None:
         self.per_token: float | None = None     # seconds per drafted token (EWMA)
-        self.recorded = False                   # per_token and by_n are a warm start's, not timed here
         self.by_n: dict[int, float] = {}        # n drafted -> EWMA seconds of that drafting
+        self.recorded: set[int] = set()         # lengths known only from a warm start
         self._count: dict[int, int] = {}        # n -> how often timed here
         self._line: np.ndarray | None = None    # (base, slope), refitted lazily
         self.resume: float | None = None        # seconds a drafter paid to catch up after plain steps
         self._resume_recorded = False           # resume is a warm start's, not timed here
+        self._per_token_recorded = False        # per_token is a warm start's, not timed here
 
     def observe(self, n: int, seconds: float, resume: float = 0.0) -> None:
-        if np.isfinite(resume) and resume > 0:   # a record's gives way to the first timing here
+        if math.isfinite(resume) and resume > 0:   # a record's gives way to the first timing here
             self.resume = resume if self._resume_recorded else ewma(self.resume, resume, COST_WEIGHT)
             self._resume_recorded = False
-        if not (np.isfinite(seconds) and seconds >= 0):
+        if not (math.isfinite(seconds) and seconds >= 0 and n >= 1):
             return
-        if self.recorded:
+        if n in self.recorded or (self.recorded and not self._count):
+            # the first timing here sets the level of the record's lengths not timed yet
             self.by_n.setdefault(n, self.per_token * n)
-            replace_recorded(self.by_n, n, seconds, set(self.by_n) - {n})
-            self.per_token, self.recorded = seconds / n, False
+            self.recorded.discard(n)
+            replace_recorded(self.by_n, n, seconds, set(self.recorded))
+            self._count.pop(n, None)
+        if self._per_token_recorded:
+            self.per_token, self._per_token_recorded = seconds / n, False
         else:
             self.per_token = ewma(self.per_token, seconds / n, COST_WEIGHT)
-            self.by_n[n] = ewma(self.by_n.get(n), seconds, COST_WEIGHT)
+        self.by_n[n] = seconds if n not in self._count else ewma(self.by_n.get(n), seconds, COST_WEIGHT)
         self._count[n] = self._count.get(n, 0) + 1
         self._line = None
 
     def rescale(self, ratio: float) -> None:
         """Today's speed (from a verify timing) sets the level of a recorded, untimed draft cost."""
-        if self.recorded:
+        if self._per_token_recorded:
             self.per_token *= ratio
-            self.by_n = {n: t * ratio for n, t in self.by_n.items()}
-            self._line = None
+        for n in self.recorded:
+            self.by_n[n] *= ratio
+        self._line = None
         if self._resume_recorded and self.resume is not None:
             self.resume *= ratio
 
     def warm_start(self, per_token: float, by_n: dict[int, float]) -> None:
         """Recorded costs (already checked usable), believed until drafting is timed here."""
-        self.per_token, self.recorded = per_token, True
-        self.by_n = dict(by_n)
+        self.per_token, self._per_token_recorded = per_token, True
+        self.by_n, self.recorded, self._count = dict(by_n), set(by_n), {}
         self._line = None
 
     def warm_resume(self, seconds: float) -> None:
@@ -68,6 +83,15 @@ class DraftCost:
         record's catch-up from a busy moment (seen: 0.6-0.95 s against 10 ms) spaced probes
         hundreds of steps apart, and an EWMA would take many resumes to forget it."""
         self.resume, self._resume_recorded = seconds, True
+
+    def forget_recorded(self) -> None:
+        """Drop the record's lengths no step has re-timed (`VerifyCost.forget_recorded`'s moment)."""
+        if self.recorded:
+            for n in self.recorded:
+                del self.by_n[n]
+            self.recorded = set()
+            self._line = None
+
 
     def seconds(self, k_top: int) -> np.ndarray:
         """Seconds of drafting k = 0..k_top tokens (needs one timing): base + slope·k for k >= 1.
@@ -78,10 +102,13 @@ class DraftCost:
         dearer than they are. Once two draft lengths are timed a line is fitted (weighted like
         the verify curve), its base held between 0 and two tokens' worth."""
         ks = np.arange(k_top + 1, dtype=float)
-        if len(self.by_n) < 2:
+        sizes = [n for n in self.by_n if n not in self.recorded]
+        if len(sizes) < 2:   # the record's shape, at today's level, until two lengths are timed here
+            sizes = list(self.by_n)
+        if len(sizes) < 2:
             return ks * self.per_token
         if self._line is None:
-            ns = np.array(sorted(self.by_n), dtype=float)
+            ns = np.array(sorted(sizes), dtype=float)
             ts = np.array([self.by_n[int(n)] for n in ns])
             counts = [self._count.get(int(n), 1) for n in ns]
             base, slope = fit_line(ns, ts, counts)
@@ -139,12 +166,23 @@ class BatchCost:
         self._count[n] = self._count.get(n, 0) + 1
         self._line = None
 
+    def forget_recorded(self) -> None:
+        """Drop the record's sizes no step has re-timed (`VerifyCost.forget_recorded`'s moment)."""
+        if self.recorded:
+            for n in self.recorded:
+                del self._by_n[n], self._count[n]
+            self.recorded = set()
+            self._line = None
+
+
     def predict(self, n: int) -> float | None:
-        """Seconds for a decode of n tokens; None before any timing."""
+        """Seconds for a decode of n tokens; None before any timing. Once two sizes are timed here
+        the line rests on them alone (a record's may be from another day's machine)."""
         if not self._by_n:
             return None
         if self._line is None:
-            ns = np.array(sorted(self._by_n), dtype=float)
+            sizes = [x for x in self._by_n if x not in self.recorded]
+            ns = np.array(sorted(sizes if len(sizes) >= 2 else self._by_n), dtype=float)
             ts = np.array([self._by_n[int(x)] for x in ns])
             if len(ns) == 1:
                 base = ts[0] / (1 + FIRST_DECODE_PRIOR_SLOPE * (ns[0] - 1))
