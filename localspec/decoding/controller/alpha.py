@@ -58,6 +58,7 @@ class Acceptance:
 
     def reset(self) -> None:
         """Back to the prior (a warm start's record refuted): the trials counted stay counted."""
+        self._cache: dict[tuple, np.ndarray] = {}   # rates and tokens by (what, n, optimism): see `rates`
         self._s, self._w = ALPHA_PRIOR * ALPHA_PRIOR_WEIGHT, ALPHA_PRIOR_WEIGHT
         self._pos_s, self._pos_w = np.zeros(self.k_max), np.zeros(self.k_max)
         self._cusum_low = self._cusum_high = 0.0   # change detection, see _detect_change
@@ -73,7 +74,27 @@ class Acceptance:
 
     def rates(self, n: int, optimism: float = 0.0) -> np.ndarray:
         """Acceptance at positions 1..n, each shrunk toward the overall rate where data are thin;
-        optimism adds that many standard errors beyond those of a full EWMA memory."""
+        optimism adds that many standard errors beyond those of a full EWMA memory. Kept (read
+        only) until the next trial: between drafts, plain steps decide again and again from the
+        same rates, and remaking them cost ~0.1 ms a decision cache-cold beside a GPU-class pass."""
+        key = ("rates", n, optimism)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = self._rates(n, optimism)
+            got.setflags(write=False)
+        return got
+
+    def tokens(self, n: int, optimism: float = 0.0) -> np.ndarray:
+        """Expected tokens of a step drafting k = 0..n tokens (the target's own included), from
+        `rates`; kept as they are."""
+        key = ("tokens", n, optimism)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(self.rates(n, optimism)))))
+            got.setflags(write=False)
+        return got
+
+    def _rates(self, n: int, optimism: float) -> np.ndarray:
         alpha = self._s / self._w
         weight = np.append(self._pos_w + POSITION_SHRINK, self._w)
         rates = np.append((self._pos_s + POSITION_SHRINK * alpha) / weight[:-1], alpha)
@@ -88,6 +109,7 @@ class Acceptance:
         later positions were never tested (acceptance there is conditional on reaching them)."""
         hits = np.arange(min(n_accepted + 1, n_drafted)) < n_accepted
         self._detect_change(hits)
+        self._cache.clear()
         for i, hit in enumerate(hits.tolist()):
             self._s = ALPHA_DECAY * self._s + hit
             self._w = ALPHA_DECAY * self._w + 1.0
@@ -116,6 +138,7 @@ class Acceptance:
     def warm_start(self, alpha: float, by_position: dict[int, float], weight: float = 1.0) -> None:
         """A record's rates (already checked usable) as a few pseudo-trials: position i -> rate;
         `weight` (0..1) scales what the record is worth, down to one trial."""
+        self._cache.clear()
         w_all, w_pos = max(WARM_ALPHA_WEIGHT * weight, 1.0), max(WARM_POSITION_WEIGHT * weight, 1.0)
         self._s, self._w = alpha * w_all, w_all
         for i, rate in by_position.items():

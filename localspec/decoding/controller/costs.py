@@ -64,7 +64,7 @@ def line_fit(xs, ys, w=None) -> tuple[float, float]:
 def fit_line(xs: np.ndarray, ys: np.ndarray, counts) -> tuple[float, float]:
     """(base, slope) of the weighted least-squares line; never a negative slope: more tokens
     never cost less."""
-    slope, base = line_fit(xs, ys, fit_weights(counts))
+    slope, base = line_fit(xs, ys, [math.sqrt(min(c, FIT_COUNT_CAP)) for c in counts])   # fit_weights
     return float(base), max(float(slope), 0.0)
 
 
@@ -107,7 +107,7 @@ class VerifyCost:
         self.steps += 1
         if self.steps == self.trust and self.recorded - {1}:
             self.forget_recorded()
-        if not (np.isfinite(seconds) and seconds > 0):
+        if not (math.isfinite(seconds) and seconds > 0):   # a scalar test: numpy's costs µs a step
             return None
         ratio = None
         last, n = self._timed.get(b, (self.steps, 0))
@@ -177,48 +177,59 @@ class VerifyCost:
             curve = self._curve = self._fit_curve(self.k_max + 1)
             self._fit_values = dict(self.by_size)
             if len(curve) > 1 and curve[0] > 0:
-                self.row_share = max(float(np.min(np.diff(curve)) / curve[0]), 0.0)
+                c = curve.tolist()
+                self.row_share = max(min(b - a for a, b in zip(c, c[1:])) / c[0], 0.0)
         return self._curve
 
     def _fit_curve(self, top: int) -> np.ndarray:
         """t_verify(1..top): a fitted line for batches once three sizes are timed; before that
-        exact at measured sizes, linear between, a linear fit beyond."""
+        exact at measured sizes, linear between, a linear fit beyond. In scalar arithmetic over a
+        dozen sizes: a plain step's new timing asks for a refit, and numpy's fixed cost per call
+        made one ~80 µs cache-cold beside a GPU-class pass."""
         sizes = sorted(self.by_size)
         if sum(1 for x in sizes if x >= 2 and x not in self.recorded) >= 3:
             # Enough measured here: a warm start's other sizes may come from a machine state that
             # has changed, and the line fit would keep them forever (large sizes are seldom tried).
             sizes = [x for x in sizes if x == 1 or x not in self.recorded]
-        bs = np.array(sizes, dtype=float)
-        ts = np.array([self.by_size[int(x)] for x in bs])
+        ts = [float(self.by_size[x]) for x in sizes]
         # Every decode reads all the weights whatever its size, so no batch costs much less than
         # the cheapest one timed; a line fitted to steep costs (a CPU's) extrapolates below zero
         # at b = 1 when that size is unmeasured, and a cost <= 0 would make tokens/s infinite or
         # negative. The floor (also the sparse branch's bound below its smallest size) keeps every
         # prediction positive and finite.
-        return np.maximum(self._curve_through(bs, ts, top), VERIFY_FLOOR * ts.min())
+        floor = VERIFY_FLOOR * min(ts)
+        return np.array([max(c, floor) for c in self._curve_through(sizes, ts, top)])
 
-    def _curve_through(self, bs: np.ndarray, ts: np.ndarray, top: int) -> np.ndarray:
-        b = np.arange(1, top + 1)
+    def _curve_through(self, bs: list[int], ts: list[float], top: int) -> list[float]:
         if len(bs) == 1:  # the prior shape 1 + 0.1 (b - 1), through the one measured point
-            slope = VERIFY_PRIOR_SLOPE
-            return ts[0] * (1 + slope * (b - 1)) / (1 + slope * (bs[0] - 1))
-        batched = bs >= 2
-        if batched.sum() >= 3:
+            scale = ts[0] / (1 + VERIFY_PRIOR_SLOPE * (bs[0] - 1))
+            return [scale * (1 + VERIFY_PRIOR_SLOPE * (b - 1)) for b in range(1, top + 1)]
+        batched = [(b, t) for b, t in zip(bs, ts) if b >= 2]
+        if len(batched) >= 3:
             # Per-size averages are noisy (one busy moment skews a size for many steps) and a
             # noisy curve makes the argmax over k jump. A batch of b > 1 tokens costs about
             # a + c·b on CPUs and GPUs alike (c ≈ 0 on a GPU), so fit that line, weighting sizes
             # by how often they were timed; a single token runs other kernels and keeps its own.
-            counts = [self._timed.get(int(x), (0, 1))[1] for x in bs[batched]]
-            base, slope = fit_line(bs[batched], ts[batched], counts)
+            counts = [self._timed.get(b, (0, 1))[1] for b, _ in batched]
+            base, slope = fit_line([b for b, _ in batched], [t for _, t in batched], counts)
             if slope == 0.0:
-                base = float(np.average(ts[batched], weights=fit_weights(counts)))
-            line = base + slope * b
+                w = [math.sqrt(min(c, FIT_COUNT_CAP)) for c in counts]
+                base = sum(wi * t for wi, (_, t) in zip(w, batched)) / sum(w)
+            line = [base + slope * b for b in range(1, top + 1)]
             first = ts[0] if bs[0] == 1 else min(line[0], line[1])
-            return np.where(b == 1, first, np.maximum(line, first))
+            return [first] + [max(c, first) for c in line[1:]]
         # Never a negative slope beyond the data: more tokens never cost less.
         slope = max(line_fit(bs, ts)[0], 0.0)
-        curve = np.where(b > bs[-1], ts[-1] + slope * (b - bs[-1]), np.interp(b, bs, ts))
-        return np.where(b < bs[0], np.maximum(ts[0] - slope * (bs[0] - b), VERIFY_FLOOR * ts[0]), curve)
+        out = []
+        for b in range(1, top + 1):
+            if b < bs[0]:
+                out.append(max(ts[0] - slope * (bs[0] - b), VERIFY_FLOOR * ts[0]))
+            elif b >= bs[-1]:
+                out.append(ts[-1] + slope * (b - bs[-1]))
+            else:   # linear between the measured sizes around b
+                i = next(j for j in range(1, len(bs)) if bs[j] >= b)
+                out.append(ts[i - 1] + (ts[i] - ts[i - 1]) * (b - bs[i - 1]) / (bs[i] - bs[i - 1]))
+        return out
 
 
 def replace_recorded(costs: dict[int, float], key: int, timed: float, others: set[int]) -> float:

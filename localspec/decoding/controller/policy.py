@@ -172,7 +172,7 @@ class KController:
         """(expected tokens, seconds) of one draft-model step for k = 0..k_top, as `choose` sees
         them; `optimism`: standard errors added to acceptance where it rests on few trials."""
         rates = self.acceptance.rates(k_top, optimism)
-        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(rates))))
+        tokens = self.acceptance.tokens(k_top, optimism)
         seconds = self._draft_seconds(k_top) + self.verify_curve(k_top + 1)
         if self.tree_shape:   # a fixed --tree SHAPE: each k drafts its tree, or a chain where that pays more
             tree_tokens, tree_seconds = self.trees.estimates(self.tree_shape, rates, self._draft_seconds(k_top),
