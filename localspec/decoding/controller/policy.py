@@ -18,7 +18,8 @@ How `choose` decides, in order (the constants below and in `probes` set each ste
    timing cannot keep a better k unvisited.
 5. Hysteresis: once speculating (the start-up's drafts count), a draft model in step with the
    text keeps drafting (the best k > 0) while plain wins only on the estimate as it stands, not
-   on one made optimistic by PROBE_OPTIMISM standard errors where acceptance rests on few trials.
+   on one made optimistic by PROBE_OPTIMISM standard errors where acceptance rests on few trials,
+   and while what drafting loses over HOLD_HORIZON steps is less than coming back would cost.
    Leaving is cheap; coming back costs a catch-up of every token missed (~0.2 of a pass each on a
    CPU) and waits for a probe, so one early rejection on a pair that pays ~1.1x kept a whole run
    plain. Drafting steps firm the estimate up; plain steps teach nothing about acceptance.
@@ -45,7 +46,7 @@ from ..lookup import LookupRates
 from .alpha import Acceptance
 from .costs import WARM_TRUST, VerifyCost
 from .draft_costs import BatchCost, DraftCost
-from .probes import EXPLORE_FIRST, PROBE_OPTIMISM, Probes
+from .probes import EXPLORE_FIRST, PROBE_MAX, PROBE_OPTIMISM, Probes
 from .trees import TreeChooser
 
 START_K = 4                # the first two steps draft a moderate k to measure t_draft and alpha:
@@ -61,6 +62,11 @@ EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbo
 REFUTED = 0.25            # a record whose α gave the accepted tokens of this run's first draft less
                            # than this chance is dropped: larger drops more true records (the price
                            # of each: a cold start's two measuring steps)
+HOLD_HORIZON = 8           # rule 5 holds drafting while what it loses over this many steps (the
+                           # estimate as it stands) is under a catch-up after a probe gap: larger
+                           # leaves a losing pair later (seen: 0.89x plain for 40 steps on a pair
+                           # whose catch-up cost 0.6 ms), smaller leaves a pair paying ~1.1x on one
+                           # early rejection again
 HOLD_PLAIN = 32            # once plain wins, skip re-deciding for up to this many steps, and never
                            # past the next probe: between probes only the plain step's cost moves,
                            # and deciding costs ~0.1 ms, 3-4 % of a GPU-class pass; larger reacts
@@ -137,7 +143,8 @@ class KController:
             if k == 0:
                 tokens, seconds = self.estimates(cap, optimism=PROBE_OPTIMISM)
                 if (self._speculating and in_sync and not self.draft_cost_free
-                        and np.max(tokens[1:] / seconds[1:]) > tokens[0] / seconds[0]):
+                        and np.max(tokens[1:] / seconds[1:]) > tokens[0] / seconds[0]
+                        and self._leaving_costs_more(cap, 1 + int(np.argmax(throughput[1:])))):
                     k = 1 + int(np.argmax(throughput[1:]))   # keep drafting: leaving is dear (rule 5)
             self._speculating = k > 0
             if k == 0:
@@ -156,6 +163,17 @@ class KController:
                     k += 1
         self.last_k = k
         return k
+
+    def _leaving_costs_more(self, cap: int, k: int) -> bool:
+        """Whether drafting k tokens loses less over HOLD_HORIZON steps, on the estimate as it
+        stands, than coming back after a probe gap costs (the draft model's catch-up on the tokens
+        it missed: `first_decode`; unknown before a first draft is timed, and then taken as dear)."""
+        comeback = self.first_decode.extra(PROBE_MAX + 1)
+        if self.first_decode.predict(2) is None:
+            return True
+        tokens, seconds = self.estimates(cap)
+        loss = float(seconds[k] - tokens[k] * seconds[0])   # drafting's seconds against plain's for its tokens
+        return HOLD_HORIZON * loss < comeback
 
     def plain_due(self) -> bool:
         """A plain step is needed now to time t_verify(1): never timed here, or stale."""
