@@ -723,10 +723,10 @@ def test_the_budget_counts_the_records_test_and_expects_the_next_probe_to_cost_a
     assert k and p.probing
     p.learn(0.9, False, loss=20.0)           # the test lost 20 s
     assert p.lost == 20.0 and p.last_loss == 20.0
-    # 40 s of probe price against 3 % of 1000 s: refused however long the wait in steps...
+    # 40 s of probe price against EXPLORE_BUDGET (2 %) of 1000 s: refused however long the wait in steps...
     assert not any(p.choose(tokens, seconds, 2, None, True) for _ in range(200))
     assert p.wait(1.0) == math.ceil((40.0 - EXPLORE_BUDGET * 1000.0) / EXPLORE_BUDGET)
-    p.timed(400.0)                            # ...until the time decoded pays for it
+    p.timed(40.0 / EXPLORE_BUDGET - 1000.0 + 1.0)   # ...until the time decoded pays for it
     assert p.choose(tokens, seconds, 2, None, True) > 0
 
 

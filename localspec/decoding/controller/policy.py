@@ -29,9 +29,8 @@ How `choose` decides, in order (the constants below and in `probes` set each ste
    PROBE_OPTIMISM standard errors while acceptance rests on few trials, plus a spacing that keeps
    a draft model's catch-up (a resume) near RESUME_OVERHEAD, waived when the drafter is in step
    with the text. A pair where even full acceptance stays below HOPELESS of plain speed is probed
-   rarely (16, 32, 64... up to HOPELESS_EVERY steps apart). A verdict resting on a warm start's
-   record alone is tested after EXPLORE_FIRST plain steps, and probes that lose stay within
-   EXPLORE_BUDGET of the run's time.
+   rarely (16, 32, ... HOPELESS_EVERY steps apart). A warm start's verdict is tested after
+   EXPLORE_FIRST plain steps; probes that lose stay within EXPLORE_BUDGET of the run's time.
 `observe` hands each timing and count to the parts that learn from it (`costs`, `draft_costs`,
 `alpha`; the package docstring lists them) and keeps the counters the rules above read.
 """
@@ -62,11 +61,9 @@ EXPLORE_EVERY = 32         # now and then try best k -1 / +1 to keep the neighbo
 REFUTED = 0.25            # a record whose α gave the accepted tokens of this run's first draft less
                            # than this chance is dropped: larger drops more true records (the price
                            # of each: a cold start's two measuring steps)
-HOLD_HORIZON = 8           # rule 5 holds drafting while what it loses over this many steps (the
-                           # estimate as it stands) is under a catch-up after a probe gap: larger
-                           # leaves a losing pair later (seen: 0.89x plain for 40 steps on a pair
-                           # whose catch-up cost 0.6 ms), smaller leaves a pair paying ~1.1x on one
-                           # early rejection again
+HOLD_HORIZON = 8           # rule 5's horizon: larger leaves a losing pair later (seen: 0.82x plain
+                           # for 40 steps where a catch-up cost 0.6 ms), smaller leaves a pair
+                           # paying ~1.1x on one early rejection again
 HOLD_PLAIN = 32            # once plain wins, skip re-deciding for up to this many steps, and never
                            # past the next probe: between probes only the plain step's cost moves,
                            # and deciding costs ~0.1 ms, 3-4 % of a GPU-class pass; larger reacts
@@ -130,13 +127,13 @@ class KController:
         elif self._draft_steps < 2:     # measure t_draft, alpha and one verify size first;
             k = min(START_K, cap)       # twice, as a first timing is often cold
             self._speculating = True    # and the verdict on two drafts is held loosely (rule 5)
-        elif self.plain_due():
-            k = 0                       # plain cost unknown or stale (the context grows, the
-                                        # machine's speed drifts; a warm start's is from then)
-        elif self._hold > 0:
+        elif self._hold > 0:            # (before plain_due: a held step is plain, so never due)
             self._hold -= 1
             self.probes.since += 1
             k = 0
+        elif self.plain_due():
+            k = 0                       # plain cost unknown or stale (the context grows, the
+                                        # machine's speed drifts; a warm start's is from then)
         else:
             throughput = self._throughput(cap)
             k = int(np.argmax(throughput))   # ties go to the cheaper k
@@ -168,9 +165,9 @@ class KController:
         """Whether drafting k tokens loses less over HOLD_HORIZON steps, on the estimate as it
         stands, than coming back after a probe gap costs (the draft model's catch-up on the tokens
         it missed: `first_decode`; unknown before a first draft is timed, and then taken as dear)."""
-        comeback = self.first_decode.extra(PROBE_MAX + 1)
         if self.first_decode.predict(2) is None:
             return True
+        comeback = self.first_decode.extra(PROBE_MAX + 1)
         tokens, seconds = self.estimates(cap)
         loss = float(seconds[k] - tokens[k] * seconds[0])   # drafting's seconds against plain's for its tokens
         return HOLD_HORIZON * loss < comeback

@@ -45,8 +45,9 @@ HOPELESS_FIRST = 16        # ...so probe rarely: after 16 plain steps, then 32, 
 HOPELESS_EVERY = 1024      # from a busy moment is re-tested soon) up to every 1024 steps
 EXPLORE_FIRST = 8          # a record's verdict is tested after this many plain steps: sooner
                            # corrects a stale record sooner, costs a short run more when it is right
-EXPLORE_BUDGET = 0.03      # probes may lose at most this share of the time decoded (measured), so a
-                           # pair that never pays stays >= 0.97x plain: larger re-tests more often
+EXPLORE_BUDGET = 0.02      # probes may lose at most this share of the time decoded (measured), so a
+                           # pair that never pays stays >= 0.97x plain with auto's host work (~1 %
+                           # of a GPU-class pass) beside it: larger re-tests more often
 BUDGET_HORIZON = 128       # ...of a run taken as at least this many plain steps long: smaller stalls
                            # early probing longer after one unlucky probe, larger lets short runs
                            # (under this many tokens) pay more than the budget
