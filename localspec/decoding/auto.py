@@ -76,8 +76,8 @@ def choose(controller, candidate: Sequence[int], classes: Sequence[int], lag: in
         # prefix either (they cost the same and must beat lookup's higher rate), so only lookup is
         # priced against plain. Pricing every mix cost ~0.1 ms a step, 3-4 % of a GPU-class pass,
         # on each step of a stretch where plain decoding wins.
-        m, rate = best_lookup(controller, classes[:n])
-        return Plan("lookup", m, m) if m and rate > 1.0 / controller.verify_curve(1)[0] else PLAIN
+        m = best_lookup(controller, classes[:n], last_fit=True)[0]   # m > 0: it beats plain
+        return Plan("lookup", m, m) if m else PLAIN
     tokens_m, seconds_m = controller.estimates(cap)
     verify = controller.verify_curve(cap + 1)          # verify[b - 1]: b tokens
     drafting = controller.draft_seconds(cap)

@@ -269,6 +269,9 @@ class PromptLookup:
         short matches of sampled text then end before their first token, and the step skips
         pricing them (~0.1 ms)."""
         self.store.update(context)
+        if not self.store.may_follow(context):   # the usual step of new text: nothing to price
+            self._candidate, self._classes = [], []
+            return 0
         rates, reach_min = None, REACH_MIN
         if controller is not None and controller.fixed_k is None:
             rates = controller.lookup.table(LOOKUP_OPTIMISM)
@@ -341,11 +344,16 @@ def _lookup_prefixes(controller, classes: Sequence[int]) -> tuple[list[float], l
     return reach, tokens
 
 
-def best_lookup(controller, classes: Sequence[int]) -> tuple[int, float]:
+def best_lookup(controller, classes: Sequence[int], last_fit: bool = False) -> tuple[int, float]:
     """The number of lookup tokens to verify (0..len(classes)) that maximises expected tokens per
-    second of target time, and that rate."""
+    second of target time, and that rate; `last_fit`: priced with the verify curve as last fitted
+    (`VerifyCost.last_fit`, for a step held plain; not in a batch, whose curve is its share)."""
     tokens = _lookup_prefixes(controller, classes)[1]
-    verify = controller.verify_curve(len(classes) + 1).tolist()
+    top = len(classes) + 1
+    if last_fit and controller.batch is None:
+        verify = controller.verify_costs.last_fit()[:top]
+    else:
+        verify = controller.verify_curve(top).tolist()
     best, k = tokens[0] / verify[0], 0
     for m in range(1, len(tokens)):   # ties go to the shorter draft
         rate = tokens[m] / verify[m]

@@ -101,6 +101,11 @@ class NGramStore:
         text, start = self.text, self._start
         return all(text[start + i] == context[i] for i in {0, seen // 2, seen - 1} if 0 <= i < seen)
 
+    def may_follow(self, context: Sequence[int]) -> bool:
+        """Whether any n-gram ending the text was followed before: every one that was includes its
+        last token as a 1-gram, so one lookup answers for all (no, on most steps of new text)."""
+        return bool(context) and (context[-1],) in self._index
+
     def _match(self, pos: int, tail: Sequence[int], known: int) -> int:
         """How many tokens before position `pos` of the text equal the end of `tail` (at least
         `known`, which the n-gram already guarantees; at most RUN_MAX)."""
@@ -119,8 +124,8 @@ class NGramStore:
         `reach_min`: worth less than its verify row, it would never be drafted, and on text
         with short matches everywhere (sampling at a high temperature) building it cost more
         host time per step than everything else lookup does."""
-        if not context or (context[-1],) not in self._index:
-            return [], []   # no n-gram ends in this token: nothing followed it (most steps of new text)
+        if not self.may_follow(context):
+            return [], []
         tail = list(context[-RUN_MAX:])
         tokens: list[int] = []
         classes: list[int] = []

@@ -84,6 +84,7 @@ class VerifyCost:
         self._level_from: int | None = None        # the size whose first timing set their level
         self._timed: dict[int, tuple[int, int]] = {}   # b -> (step of last timing, timings)
         self._curve: np.ndarray | None = None      # cost(1..k_max+1), refitted lazily
+        self._curve_list: list[float] | None = None   # the last fit, as a list (`last_fit`)
         self.row_share = 0.0   # the cheapest added verify row as a share of a plain pass, at the last fit
         self._fit_values: dict[int, float] = {}    # by_size as the curve was fitted
         self.steps = 0                             # target passes reported, timed or not
@@ -159,14 +160,14 @@ class VerifyCost:
         for b in self.recorded - {1}:
             del self.by_size[b]
         self.recorded &= {1}
-        self._curve = None
+        self._curve = self._curve_list = None
 
     def warm_start(self, by_size: dict[int, float]) -> None:
         """Recorded costs (already checked usable), believed until timed here."""
         for b, t in by_size.items():
             self.by_size[b] = t
             self.recorded.add(b)
-        self._curve = None
+        self._curve = self._curve_list = None
 
     def curve(self, top: int) -> np.ndarray:
         """Predicted seconds to verify b = 1..top tokens (needs one timing)."""
@@ -176,10 +177,18 @@ class VerifyCost:
         if self._curve is None:
             curve = self._curve = self._fit_curve(self.k_max + 1)
             self._fit_values = dict(self.by_size)
-            if len(curve) > 1 and curve[0] > 0:
-                c = curve.tolist()
+            c = self._curve_list = curve.tolist()
+            if len(c) > 1 and c[0] > 0:
                 self.row_share = max(min(b - a for a, b in zip(c, c[1:])) / c[0], 0.0)
         return self._curve
+
+    def last_fit(self) -> list[float]:
+        """t_verify(1..k_max + 1) as last fitted, as a list, not refitted for timings since: what
+        a step held plain prices lookup's candidate with (between decisions only the plain step's
+        cost moves, and a refit there cost ~30 µs cache-cold, 1 % of a GPU-class pass)."""
+        if self._curve_list is None:
+            self.fitted()
+        return self._curve_list
 
     def _fit_curve(self, top: int) -> np.ndarray:
         """t_verify(1..top): a fitted line for batches once three sizes are timed; before that
