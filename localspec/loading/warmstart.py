@@ -6,7 +6,8 @@ costs and acceptance are saved, and the next run on the same pair and machine st
 fresh measurements override them within a few steps (`KController.warm_start`).
 
 One JSON record per model pair, machine, thread count and GPU layers, in `<cache>/controller/`:
-- `verify`: seconds to verify a batch of b tokens, by b (the target on this machine);
+- `verify`: seconds to verify a batch of b tokens, by b (the target on this machine), and
+  `verify_age`: for a size the last saves did not re-time, how many (`VERIFY_KEEP_RUNS`);
 - `drafters.<model|lookup>`: seconds per drafted token and of a catch-up after plain steps, and α
   (overall and by draft position) per temperature band, `greedy` or `sampled`. α is per tested
   position, as everywhere (localspec.decoding.stats), and `trials` counts tested positions; records have
@@ -55,6 +56,8 @@ HALF_LIFE_DAYS = 7  # a record's weight halves in this time: longer trusts an ol
 JITTER_STEADY = 0.08    # timings straying up to ~8 % from step to step (quiet runs: 2.5-5 %)...
 JITTER_ERRATIC = 0.3    # ...weigh 1, at ~30 % 0 (load that comes and goes: 24-27 % seen)
 MIN_WEIGHT = 0.3    # a run weighing less saves α but not its timings
+VERIFY_KEEP_RUNS = 3   # a verify size no run re-times is kept this many saves: longer keeps a
+                       # busy moment's timing longer, shorter leaves runs after plain ones less shape
 
 # Per controller, when what it has timed since began (its `load_into` or last `save`): the window
 # whose other work `save` judges when the caller has no decoding window of its own to give.
@@ -258,7 +261,8 @@ def save(controller: KController, session, drafter: str | None, temperature: flo
         measured = None if busy or run is None else run.as_dict(threads)
         if measured is not None and controller.verify_costs.jitter is not None:
             measured["jitter"] = round(controller.verify_costs.jitter, 3)
-        return _merge(session_key(session), {} if busy else learned["verify"], {drafter: update} if update else {},
+        timed = {b: t for b, t in learned["verify"].items() if controller.verify_costs.timed_here(int(b))}
+        return _merge(session_key(session), {} if busy else timed, {drafter: update} if update else {},
                       measured, None if busy else steady)
     except Exception as e:
         _note(f"warm start: could not save the controller record ({type(e).__name__}: {e})")
@@ -326,8 +330,8 @@ def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None,
     `measured`: the conditions new timings were taken in (`machine.Usage.as_dict`); `steady`: the
     weight of those timings (`steadiness`), None when none are saved."""
     rec = read(k) or {"schema": SCHEMA, "key": k, "verify": {}, "drafters": {}}
-    if verify:   # what the run believed at its end, not merged: a size it dropped stays dropped
-        rec["verify"] = {str(b): float(t) for b, t in verify.items()}
+    if verify:
+        rec["verify"], rec["verify_age"] = _aged(rec, {str(b): float(t) for b, t in verify.items()})
     if measured is not None:
         rec["measured"] = measured
     if verify and steady is not None:
@@ -351,6 +355,24 @@ def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None,
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _aged(rec: dict, timed: dict[str, float]) -> tuple[dict[str, float], dict[str, int]]:
+    """The verify sizes a save keeps: those the run timed, and the record's others for up to
+    VERIFY_KEEP_RUNS saves that did not re-time them, at the run's level (its plain pass against
+    the record's). Merged by size for ever, one timed in a busy moment was written back run after
+    run; dropped at once, a run held plain (timing 1 and 3 tokens) left the next one a two-point
+    line, which on a CPU prices long drafts far too dear."""
+    old, ages = rec.get("verify", {}), rec.get("verify_age")
+    ages = ages if isinstance(ages, dict) else {}
+    level = timed["1"] / old["1"] if "1" in timed and old.get("1", 0) > 0 else 1.0
+    kept, kept_ages = dict(timed), {}
+    for b, t in old.items():
+        age = ages.get(b, 0)
+        age = age + 1 if isinstance(age, int) and not isinstance(age, bool) else VERIFY_KEEP_RUNS
+        if b not in timed and age < VERIFY_KEEP_RUNS:
+            kept[b], kept_ages[b] = t * level, age
+    return kept, kept_ages
 
 
 def pair_key(target, draft, gpu_layers: dict[str, int]) -> dict:
