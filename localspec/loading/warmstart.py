@@ -56,7 +56,7 @@ HALF_LIFE_DAYS = 7  # a record's weight halves in this time: longer trusts an ol
 JITTER_STEADY = 0.08    # timings straying up to ~8 % from step to step (quiet runs: 2.5-5 %)...
 JITTER_ERRATIC = 0.3    # ...weigh 1, at ~30 % 0 (load that comes and goes: 24-27 % seen)
 MIN_WEIGHT = 0.3    # a run weighing less saves α but not its timings
-VERIFY_KEEP_RUNS = 3   # a verify size no run re-times is kept this many saves: longer keeps a
+VERIFY_KEEP_RUNS = 3   # a verify size not re-timed is dropped by the this-many-th save since: longer keeps a
                        # busy moment's timing longer, shorter leaves runs after plain ones less shape
 
 # Per controller, when what it has timed since began (its `load_into` or last `save`): the window
@@ -358,8 +358,8 @@ def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None,
 
 
 def _aged(rec: dict, timed: dict[str, float]) -> tuple[dict[str, float], dict[str, int]]:
-    """The verify sizes a save keeps: those the run timed, and the record's others for up to
-    VERIFY_KEEP_RUNS saves that did not re-time them, at the run's level (its plain pass against
+    """The verify sizes a save keeps: those the run timed, and the record's others until the
+    VERIFY_KEEP_RUNS-th save that did not re-time them drops them, at the run's level (its plain pass against
     the record's). Merged by size for ever, one timed in a busy moment was written back run after
     run; dropped at once, a run held plain (timing 1 and 3 tokens) left the next one a two-point
     line, which on a CPU prices long drafts far too dear."""

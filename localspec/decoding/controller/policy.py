@@ -29,8 +29,8 @@ How `choose` decides, in order (the constants below and in `probes` set each ste
    PROBE_OPTIMISM standard errors while acceptance rests on few trials, plus a spacing that keeps
    a draft model's catch-up (a resume) near RESUME_OVERHEAD, waived when the drafter is in step
    with the text. A pair where even full acceptance stays below HOPELESS of plain speed is probed
-   rarely (16, 32, ... HOPELESS_EVERY steps apart). A warm start's verdict is tested after
-   EXPLORE_FIRST plain steps; probes that lose stay within EXPLORE_BUDGET of the run's time.
+   rarely (16, 32, ... HOPELESS_EVERY apart). A verdict resting on a record alone is tested
+   after EXPLORE_FIRST plain steps; probes that lose stay within EXPLORE_BUDGET of the run's time.
 `observe` hands each timing and count to the parts that learn from it (`costs`, `draft_costs`,
 `alpha`; the package docstring lists them) and keeps the counters the rules above read.
 """
