@@ -4,7 +4,7 @@ never tried). Three records, each written over a true one made by a cold run her
 slow, a drafter that "never pays" (drafting 30× dearer, α 0.1), and an erratic one (every timing
 off by up to 5× either way, α off, saved with low weight). Each run must try the draft model within
 EXPLORE_FIRST plain steps, then use it on about as many of its steps as a cold run beside it does
-(on a quiet machine, nearly all), and leave a record close to the true one.
+(on a quiet machine, nearly all, counting the steps prompt lookup did not serve), and leave a record close to the true one.
 
 Timings are real, so the text and the exact steps vary with the machine's load; what is asserted is
 the controller's behaviour against a cold run in the same minutes, with margins, never a speed.
@@ -79,7 +79,11 @@ def test_a_stale_record_is_corrected_within_one_run(model_paths, warm_cache, mon
     # puts the test off a step or two); a record that still favours drafting drafts at once.
     first = steps.index("model")
     assert first <= EXPLORE_FIRST + 8, seen
-    share = lambda s: s.count("model") / len(s)   # noqa: E731
+    # The share is taken over the steps prompt lookup did not serve: at T = 1 the two runs sample
+    # different texts, and one that falls into a loop is rightly served by lookup (CI once saw the
+    # warm run's last 16 steps looping, "…mllmllllllllllll", beside a cold run that never looped).
+    # A record that still holds drafting back shows as plain steps where the cold run drafts.
+    share = lambda s: s.count("model") / max(1, len(s) - s.count("lookup"))   # noqa: E731
     assert share(steps[first:]) >= share(cold) - 0.25, seen
 
     saved = warmstart.read(rec["key"])
