@@ -105,7 +105,7 @@ def test_make_warm_starts_from_the_record_and_says_so(session):
     warmstart.save(trained(), session, "model", 0.0)
     c, warmed = controllers.make(session, model, 0.0)
     assert warmed and c.k_max == DecodeConfig.k_max and not c.draft_cost_free
-    assert c.learned()["verify"]   # the record's costs are in it
+    assert c.verify_costs.by_size   # the record's costs are in it
     assert controllers.make(session, model, 0.0, warm=False)[1] is False
     assert controllers.make(session, model, 0.0, k=20)[1] is False   # a fixed k is never warm-started
     assert controllers.make(session, None, 0.0)[1] is False          # plain decoding has no record

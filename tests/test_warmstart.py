@@ -253,7 +253,9 @@ def test_a_records_sizes_that_no_run_re_times_are_dropped(pair):
     """Seen on a 128k-vocabulary pair: a record held drafting 1 token 12 ms and 3 tokens 59 ms
     beside 2 tokens 1.7 ms, which every run re-timed (its probes draft 2); the untimed lengths
     were written back run after run, fitted 24 ms a token, and kept the pair written off as
-    hopeless. Verify sizes no run re-timed stayed in the file the same way (it merged by size)."""
+    hopeless. Verify sizes no run re-timed stayed in the file the same way (it merged by size).
+    Dropped at once, a run held plain would leave the next a two-point line: each table keeps a
+    size no run re-times for KEEP_RUNS saves, then drops it."""
     good = _trained()
     rec = json.loads(warmstart.save(good, pair, "model", 1.0, run=QUIET).read_text())
     model = rec["drafters"]["model"]
@@ -261,6 +263,7 @@ def test_a_records_sizes_that_no_run_re_times_are_dropped(pair):
     rec["verify"] |= {"2": 0.05, "11": 0.2}                       # a busy moment's sizes
     model["draft_by_n"] = {"1": 0.012, "2": 0.004, "3": 0.059, "7": 0.2}
     model["first_decode"] = {"1": 0.002, "9": 0.07, "40": 0.001}
+    warmstart.path_for(rec["key"]).write_text(json.dumps(rec))
     c = KController(8)
     warmstart.apply(c, rec, "model", 1.0)
     assert c.draft_seconds(3)[3] > 0.05                          # the record's shape, believed at first
@@ -273,20 +276,17 @@ def test_a_records_sizes_that_no_run_re_times_are_dropped(pair):
         else:
             c.observe_verify(1, verify_1)
     assert c.draft_seconds(3)[3] == pytest.approx(0.006)          # 2 ms a token, as timed here
-    warmstart.save(c, pair, "model", 1.0, run=QUIET)
-    after = warmstart.read(warmstart.session_key(pair))
-    assert set(after["drafters"]["model"]["draft_by_n"]) == {"2"}
-    assert set(after["drafters"]["model"]["first_decode"]) == {"4"}
-    # The verify sizes this run did not time are kept for VERIFY_KEEP_RUNS saves that do not re-time
-    # them (a run held plain must not leave the next a two-point line), then dropped.
-    untimed = on_file - {"1", "3"}
-    assert untimed
-    for save in range(1, warmstart.VERIFY_KEEP_RUNS + 1):
-        after = warmstart.read(warmstart.session_key(pair))
-        kept = untimed if save < warmstart.VERIFY_KEEP_RUNS else set()
-        assert set(after["verify"]) == {"1", "3"} | kept, save
-        assert after["verify_age"] == {b: save for b in kept}
+    untimed = {"verify": (on_file | {"2", "11"}) - {"1", "3"}, "draft_by_n": {"1", "3", "7"}, "first_decode": {"1", "9", "40"}}
+    timed = {"verify": {"1", "3"}, "draft_by_n": {"2"}, "first_decode": {"4"}}
+    for save in range(1, warmstart.KEEP_RUNS + 1):
         warmstart.save(c, pair, "model", 1.0, run=QUIET)
+        after = warmstart.read(warmstart.session_key(pair))
+        for field, sizes in untimed.items():
+            table = after if field == "verify" else after["drafters"]["model"]
+            kept = sizes if save < warmstart.KEEP_RUNS else set()
+            assert set(table[field]) == timed[field] | kept, (field, save)
+            assert table[field + "_age"] == {n: save for n in kept}, (field, save)
+    assert after["drafters"]["model"]["draft_by_n"]["2"] == pytest.approx(0.004)   # as timed here
 
 
 def test_a_draft_cost_fit_rests_on_the_lengths_timed_here_once_there_are_two():

@@ -269,9 +269,6 @@ class PromptLookup:
         short matches of sampled text then end before their first token, and the step skips
         pricing them (~0.1 ms)."""
         self.store.update(context)
-        if not self.store.may_follow(context):   # the usual step of new text: nothing to price
-            self._candidate, self._classes = [], []
-            return 0
         rates, reach_min = None, REACH_MIN
         if controller is not None and controller.fixed_k is None:
             rates = controller.lookup.table(LOOKUP_OPTIMISM)

@@ -224,16 +224,10 @@ class LookupRates:
     def rates(self, classes: Sequence[int], optimism: float = 0.0) -> np.ndarray:
         """Acceptance per drafted token; `optimism` adds that many standard errors beyond those of
         a full memory, so a class seldom tried gets tried (or it could never prove itself)."""
-        c = np.asarray(classes, dtype=int)
-        s, w = self._s[c], self._w[c]
-        r = s / w
-        if optimism:
-            excess = np.maximum(1 / np.sqrt(w) - 1 / np.sqrt(_FULL), 0.0)
-            r = np.minimum(r + optimism * np.sqrt(r * (1 - r)) * excess, 1.0)
-        return r
+        return np.array([self._rate(int(c), optimism) for c in classes], dtype=float)
 
     def _rate(self, c: int, optimism: float) -> float:
-        """`rates` of one class, in scalar arithmetic (the same formula)."""
+        """The acceptance of class c (`rates`), in scalar arithmetic: a handful of classes a call."""
         s, w = float(self._s[c]), float(self._w[c])
         r = s / w
         if optimism:

@@ -6,9 +6,9 @@ costs and acceptance are saved, and the next run on the same pair and machine st
 fresh measurements override them within a few steps (`KController.warm_start`).
 
 One JSON record per model pair, machine, thread count and GPU layers, in `<cache>/controller/`:
-- `verify`: seconds to verify a batch of b tokens, by b (the target on this machine), and
-  `verify_age`: for a size the last saves did not re-time, how many (`VERIFY_KEEP_RUNS`);
-- `drafters.<model|lookup>`: seconds per drafted token and of a catch-up after plain steps, and α
+- `verify`: seconds to verify a batch of b tokens, by b (the target here; `verify_age`: `_aged`);
+- `drafters.<model|lookup>`: seconds per drafted token, of drafting n (`draft_by_n`), of a first
+  decode of n (`first_decode`) and of a catch-up after plain steps, and α
   (overall and by draft position) per temperature band, `greedy` or `sampled`. α is per tested
   position, as everywhere (localspec.decoding.stats), and `trials` counts tested positions; records have
   always stored α so (the controller and doctor's calibration count trials that way), and
@@ -56,8 +56,9 @@ HALF_LIFE_DAYS = 7  # a record's weight halves in this time: longer trusts an ol
 JITTER_STEADY = 0.08    # timings straying up to ~8 % from step to step (quiet runs: 2.5-5 %)...
 JITTER_ERRATIC = 0.3    # ...weigh 1, at ~30 % 0 (load that comes and goes: 24-27 % seen)
 MIN_WEIGHT = 0.3    # a run weighing less saves α but not its timings
-VERIFY_KEEP_RUNS = 3   # a verify size not re-timed is dropped by the this-many-th save since: longer keeps a
-                       # busy moment's timing longer, shorter leaves runs after plain ones less shape
+KEEP_RUNS = 3       # a size not re-timed is dropped by the this-many-th save since: longer keeps a busy
+                    # moment's timing longer, shorter leaves runs after plain ones less shape (`_aged`)
+AGED_FIELDS = ("draft_by_n", "first_decode")   # a drafter's costs by size, kept as `verify` is
 
 # Per controller, when what it has timed since began (its `load_into` or last `save`): the window
 # whose other work `save` judges when the caller has no decoding window of its own to give.
@@ -236,7 +237,7 @@ def save(controller: KController, session, drafter: str | None, temperature: flo
     if not enabled():
         return None
     learned = controller.learned()
-    if not learned["verify"]:
+    if not controller.verify_costs.by_size:   # nothing known, not even a record's
         return None
     threads = session.target.n_threads
     busy = _loaded_during(controller, run, threads)
@@ -261,8 +262,7 @@ def save(controller: KController, session, drafter: str | None, temperature: flo
         measured = None if busy or run is None else run.as_dict(threads)
         if measured is not None and controller.verify_costs.jitter is not None:
             measured["jitter"] = round(controller.verify_costs.jitter, 3)
-        timed = {b: t for b, t in learned["verify"].items() if controller.verify_costs.timed_here(int(b))}
-        return _merge(session_key(session), {} if busy else timed, {drafter: update} if update else {},
+        return _merge(session_key(session), {} if busy else learned["verify"], {drafter: update} if update else {},
                       measured, None if busy else steady)
     except Exception as e:
         _note(f"warm start: could not save the controller record ({type(e).__name__}: {e})")
@@ -330,8 +330,10 @@ def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None,
     `measured`: the conditions new timings were taken in (`machine.Usage.as_dict`); `steady`: the
     weight of those timings (`steadiness`), None when none are saved."""
     rec = read(k) or {"schema": SCHEMA, "key": k, "verify": {}, "drafters": {}}
+    verify, old = {str(b): float(t) for b, t in verify.items()}, rec["verify"].get("1", 0)
+    level = verify["1"] / old if "1" in verify and old > 0 else 1.0   # the run's plain pass / the record's
     if verify:
-        rec["verify"], rec["verify_age"] = _aged(rec, {str(b): float(t) for b, t in verify.items()})
+        rec["verify"], rec["verify_age"] = _aged(rec["verify"], rec.get("verify_age"), verify, level)
     if measured is not None:
         rec["measured"] = measured
     if verify and steady is not None:
@@ -341,6 +343,10 @@ def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None,
     for name, fields in drafters.items():
         d = rec["drafters"].setdefault(name, {})
         alpha = fields.get("alpha", {})
+        fields = dict(fields)
+        for f in AGED_FIELDS:
+            if f in fields:
+                fields[f], fields[f + "_age"] = _aged(d.get(f, {}), d.get(f + "_age"), fields[f], level)
         d.update({f: v for f, v in fields.items() if f != "alpha"})
         d.setdefault("alpha", {}).update(alpha)
     rec["saved"] = time.time()
@@ -357,20 +363,18 @@ def _merge(k: dict, verify: dict, drafters: dict, measured: dict | None = None,
     return path
 
 
-def _aged(rec: dict, timed: dict[str, float]) -> tuple[dict[str, float], dict[str, int]]:
-    """The verify sizes a save keeps: those the run timed, and the record's others until the
-    VERIFY_KEEP_RUNS-th save that did not re-time them drops them, at the run's level (its plain pass against
-    the record's). Merged by size for ever, one timed in a busy moment was written back run after
-    run; dropped at once, a run held plain (timing 1 and 3 tokens) left the next one a two-point
-    line, which on a CPU prices long drafts far too dear."""
-    old, ages = rec.get("verify", {}), rec.get("verify_age")
+def _aged(old: dict, ages, timed: dict, level: float) -> tuple[dict[str, float], dict[str, int]]:
+    """The sizes of a table of costs (verify, draft lengths, first decodes) a save keeps: those the
+    run timed, and the record's others, at the run's `level`, until the KEEP_RUNS-th save that did
+    not re-time them drops them (`ages`: how many saves have not). Merged by size for ever, one timed
+    in a busy moment was written back run after run; dropped at once, a run held plain (timing 1 and 3
+    tokens) left the next one a two-point line, which on a CPU prices long drafts far too dear."""
     ages = ages if isinstance(ages, dict) else {}
-    level = timed["1"] / old["1"] if "1" in timed and old.get("1", 0) > 0 else 1.0
-    kept, kept_ages = dict(timed), {}
+    kept, kept_ages = {str(n): float(t) for n, t in timed.items()}, {}
     for b, t in old.items():
         age = ages.get(b, 0)
-        age = age + 1 if isinstance(age, int) and not isinstance(age, bool) else VERIFY_KEEP_RUNS
-        if b not in timed and age < VERIFY_KEEP_RUNS:
+        age = age + 1 if isinstance(age, int) and not isinstance(age, bool) else KEEP_RUNS
+        if b not in kept and age < KEEP_RUNS and _positive(t):
             kept[b], kept_ages[b] = t * level, age
     return kept, kept_ages
 

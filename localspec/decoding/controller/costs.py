@@ -28,6 +28,8 @@ CURVE_SLACK = 0.02         # a cost that moved less than this share since the fi
                            # timed FIT_COUNT_CAP times): larger refits less often, follows drift later
 WARM_TRUST = 64            # steps a warm start's verify costs are believed without being re-timed:
                            # longer leans on the record, shorter drops a busy-machine record sooner
+SCALAR_TOP = 32            # curves up to this many sizes are built in scalar arithmetic, longer ones
+                           # (a batch's, serve --parallel: ~260 rows) with numpy, each where cheaper
 
 
 JITTER_MIN = 8             # timings compared before a run's jitter is told: fewer is noise itself
@@ -40,9 +42,14 @@ def ewma(old: float | None, new: float, weight: float) -> float:
     return (1.0 - weight) * old + weight * new
 
 
-def fit_weights(counts) -> np.ndarray:
+def fit_weight(count: int) -> float:
     """A timing's weight in a line fit: grows with how often it was taken, up to FIT_COUNT_CAP."""
-    return np.sqrt(np.minimum(counts, FIT_COUNT_CAP))
+    return math.sqrt(min(count, FIT_COUNT_CAP))
+
+
+def fit_weights(counts) -> np.ndarray:
+    """`fit_weight` of each count."""
+    return np.array([fit_weight(c) for c in counts], dtype=float)
 
 
 def line_fit(xs, ys, w=None) -> tuple[float, float]:
@@ -64,7 +71,7 @@ def line_fit(xs, ys, w=None) -> tuple[float, float]:
 def fit_line(xs: np.ndarray, ys: np.ndarray, counts) -> tuple[float, float]:
     """(base, slope) of the weighted least-squares line; never a negative slope: more tokens
     never cost less."""
-    slope, base = line_fit(xs, ys, [math.sqrt(min(c, FIT_COUNT_CAP)) for c in counts])   # fit_weights
+    slope, base = line_fit(xs, ys, [fit_weight(c) for c in counts])
     return float(base), max(float(slope), 0.0)
 
 
@@ -102,12 +109,15 @@ class VerifyCost:
         """A target pass timed elsewhere (a batch's decode, by the batcher): a step, no timing."""
         self.steps += 1
 
+    def trust_ends(self) -> bool:
+        """Whether the last step reported was the one after which the record's untimed costs,
+        these and the draft model's, are forgotten (`KController.observe_verify`)."""
+        return self.steps == self.trust
+
     def observe(self, b: int, seconds: float) -> float | None:
         """Record one target pass over b tokens. Returns the factor by which it moved the level of
         a warm start's record (the recorded draft cost follows it), None when it did not."""
         self.steps += 1
-        if self.steps == self.trust and self.recorded - {1}:
-            self.forget_recorded()
         if not (math.isfinite(seconds) and seconds > 0):   # a scalar test: numpy's costs µs a step
             return None
         ratio = None
@@ -133,6 +143,8 @@ class VerifyCost:
         fit = self._fit_values.get(b) if self._curve is not None and ratio is None else None
         if fit is None or n + 1 <= FIT_COUNT_CAP or abs(self.by_size[b] - fit) > CURVE_SLACK * fit:
             self._curve = None
+            if b > 1 or ratio is not None:   # `last_fit` stands for plain timings only
+                self._curve_list = None
         return ratio
 
     def _note_jitter(self, b: int, seconds: float) -> None:
@@ -207,7 +219,10 @@ class VerifyCost:
         # negative. The floor (also the sparse branch's bound below its smallest size) keeps every
         # prediction positive and finite.
         floor = VERIFY_FLOOR * min(ts)
-        return np.array([max(c, floor) for c in self._curve_through(sizes, ts, top)])
+        curve = self._curve_through(sizes, ts, top)
+        if isinstance(curve, np.ndarray):
+            return np.maximum(curve, floor)
+        return np.array([max(c, floor) for c in curve])
 
     def _curve_through(self, bs: list[int], ts: list[float], top: int) -> list[float]:
         if len(bs) == 1:  # the prior shape 1 + 0.1 (b - 1), through the one measured point
@@ -222,13 +237,21 @@ class VerifyCost:
             counts = [self._timed.get(b, (0, 1))[1] for b, _ in batched]
             base, slope = fit_line([b for b, _ in batched], [t for _, t in batched], counts)
             if slope == 0.0:
-                w = [math.sqrt(min(c, FIT_COUNT_CAP)) for c in counts]
+                w = [fit_weight(c) for c in counts]
                 base = sum(wi * t for wi, (_, t) in zip(w, batched)) / sum(w)
-            line = [base + slope * b for b in range(1, top + 1)]
-            first = ts[0] if bs[0] == 1 else min(line[0], line[1])
-            return [first] + [max(c, first) for c in line[1:]]
+            first = ts[0] if bs[0] == 1 else min(base + slope, base + 2 * slope)
+            if top > SCALAR_TOP:
+                out = np.maximum(base + slope * np.arange(1, top + 1, dtype=float), first)
+                out[0] = first
+                return out
+            return [first] + [max(base + slope * b, first) for b in range(2, top + 1)]
         # Never a negative slope beyond the data: more tokens never cost less.
         slope = max(line_fit(bs, ts)[0], 0.0)
+        if top > SCALAR_TOP:
+            b = np.arange(1, top + 1, dtype=float)
+            out = np.interp(b, bs, ts)
+            out = np.where(b < bs[0], np.maximum(ts[0] - slope * (bs[0] - b), VERIFY_FLOOR * ts[0]), out)
+            return np.where(b >= bs[-1], ts[-1] + slope * (b - bs[-1]), out)
         out = []
         for b in range(1, top + 1):
             if b < bs[0]:

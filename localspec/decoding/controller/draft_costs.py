@@ -63,12 +63,15 @@ class DraftCost:
         self._line = None
 
     def rescale(self, ratio: float) -> None:
-        """Today's speed (from a verify timing) sets the level of a recorded, untimed draft cost."""
+        """Today's speed (from a verify timing) sets the level of a recorded, untimed draft cost,
+        until drafting is timed here: the first such timing sets the recorded lengths' level itself
+        (`observe`), and a verify re-level after it would move them off the draft model's."""
         if self._per_token_recorded:
             self.per_token *= ratio
-        for n in self.recorded:
-            self.by_n[n] *= ratio
-        self._line = None
+        if not self._count:
+            for n in self.recorded:
+                self.by_n[n] *= ratio
+            self._line = None
         if self._resume_recorded and self.resume is not None:
             self.resume *= ratio
 
@@ -83,6 +86,10 @@ class DraftCost:
         record's catch-up from a busy moment (seen: 0.6-0.95 s against 10 ms) spaced probes
         hundreds of steps apart, and an EWMA would take many resumes to forget it."""
         self.resume, self._resume_recorded = seconds, True
+
+    def timed_here(self) -> dict[int, float]:
+        """Seconds by drafted length, for the lengths this run timed (what a save keeps)."""
+        return {n: t for n, t in self.by_n.items() if n not in self.recorded}
 
     def forget_recorded(self) -> None:
         """Drop the record's lengths no step has re-timed (`VerifyCost.forget_recorded`'s moment)."""
@@ -204,5 +211,6 @@ class BatchCost:
         extra = self._line[1] * np.maximum(np.asarray(n, dtype=float) - usual, 0.0)
         return extra if np.ndim(n) else float(extra)
 
-    def snapshot(self) -> dict:
-        return {str(n): t for n, t in sorted(self._by_n.items())}
+    def snapshot(self, timed_here: bool = False) -> dict:
+        """Seconds by tokens read; `timed_here`: only the sizes this run timed (what a save keeps)."""
+        return {str(n): t for n, t in sorted(self._by_n.items()) if not (timed_here and n in self.recorded)}

@@ -226,20 +226,20 @@ class KController:
 
     def observe_verify(self, b: int, t_verify: float) -> None:
         """Record one target pass over b tokens (every step, whoever drafted)."""
+        ratio = None
         if self.batch is not None:   # the batch's decodes are timed by the batcher, not here
             self.batch.verified(b)
             self.verify_costs.untimed()
-            return
-        ratio = self.verify_costs.observe(b, t_verify)
+        else:
+            ratio = self.verify_costs.observe(b, t_verify)
         if ratio is not None:   # today's speed sets the level of a recorded draft cost too
             self.draft_costs.rescale(ratio)
             self.first_decode.rescale(ratio)
-        if self.verify_costs.steps == self.verify_costs.trust:
-            # the record's drafting sizes not re-timed by now go with its verify sizes: written
-            # back run after run, one from a busy moment would outlive every run (seen: 1 token
-            # 12 ms, 3 tokens 59 ms beside 2 tokens 1.7 ms re-timed each run)
-            self.draft_costs.forget_recorded()
-            self.first_decode.forget_recorded()
+        if self.verify_costs.trust_ends():   # the record's costs not re-timed by now are forgotten,
+            for costs in (self.verify_costs, self.draft_costs, self.first_decode):   # all of them
+                costs.forget_recorded()
+        if self.batch is not None:
+            return
         self._since_plain = 0 if b == 1 else self._since_plain + 1
         self._last_verify = t_verify
         self.probes.timed(t_verify)
@@ -331,18 +331,18 @@ class KController:
 
     # ---- warm start ---------------------------------------------------------------------
     def learned(self) -> dict:
-        """What a later run on the same pair and machine can start from (`warm_start`). In a batch
-        the drafting timings are the batch's (`batch`), not the pair's: they are not kept."""
-        alone = self.batch is None
+        """What a later run on the same pair and machine can start from (`warm_start`): the costs timed
+        here (a save keeps the record's others a while: `warmstart`); in a batch not the drafting's."""
+        alone, v = self.batch is None, self.verify_costs
         return {
-            "verify": {str(b): t for b, t in sorted(self.verify_costs.by_size.items())},
+            "verify": {str(b): t for b, t in sorted(v.by_size.items()) if v.timed_here(b)},
             "draft_cost": self.draft_costs.per_token if alone else None,
-            "draft_by_n": {str(n): t for n, t in sorted(self.draft_costs.by_n.items())} if alone else None,
+            "draft_by_n": {str(n): t for n, t in sorted(self.draft_costs.timed_here().items())} if alone else None,
             "resume_cost": self.draft_costs.resume if alone else None,
             "alpha": self.alpha,
             "by_position": self.acceptance_by_position(),
             "trials": self.acceptance.trials,
-            "first_decode": self.first_decode.snapshot() if alone else None,
+            "first_decode": self.first_decode.snapshot(timed_here=True) if alone else None,
         }
 
     def warm_start(self, verify: dict[int, float] | None = None, draft_cost: float | None = None,
