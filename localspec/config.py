@@ -297,6 +297,10 @@ class DecodeConfig:
     """Under a grammar, mask the draft model's rows too (it then proposes only what the grammar
     allows); off, only the target's rows are masked and a forbidden draft token is rejected.
     Either way the output has the constrained target's distribution; masking raises α."""
+    overlap: bool | None = None
+    """Let the draft model draft on while the target verifies (`decoding.overlap`): None where the
+    target's layers are on RPC workers and its first decodes left a core free (`overlap.Judge`);
+    False never, True always."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -4,7 +4,8 @@ Sampling turns a row of logits into the target's processed distribution (`sampli
 `acceptance` is the rejection rule that keeps that distribution exact; drafters propose tokens
 (`drafters`: a draft model and prompt lookup; `lookup`: the n-gram store; `auto`: the per-step
 choice between them); the k controller measures costs and α and picks the draft length
-(`controller`, a package: costs, α, policy); `decoder` is the loop itself; `stream` turns its steps into text and
+(`controller`, a package: costs, α, policy); `decoder` is the loop itself (`overlap`: the draft model
+drafting on while the target verifies); `stream` turns its steps into text and
 `stats` into the numbers every report shows.
 
 May import: `localspec.config`, `localspec.machine`, `localspec.tokens`, numpy. Must never import

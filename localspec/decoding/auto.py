@@ -170,6 +170,10 @@ class AutoDrafter:
         return Draft([*prefix.tokens, *rest.tokens], q, rest.t_host, "mixed",
                      plan.m, prefix.classes, rest.n_first, rest.t_first)
 
+    def draft_ahead(self, context, draft, sampling, rng, done) -> None:
+        """A model-only draft goes on while the target verifies it (`overlap`)."""
+        self.model.draft_ahead(context, draft, sampling, rng, done)
+
     def _score_unused(self, context, controller) -> None:
         """Score lookup's candidate of the last step, if the step did not use it, against what the
         step emitted. A proposal x is accepted with probability p(x), and the emitted token is x
@@ -201,4 +205,5 @@ class AutoDrafter:
             if n > m and n_accepted >= m:   # the model's tokens were reached: they were tested
                 # after a lookup prefix the catch-up is mostly reading it, which `choose` prices per
                 # plan: only a model-only draft's catch-up is a resume after plain steps
-                record.observe_draft(n - m, n_accepted - m, drafting, catchup if m == 0 else 0.0)
+                record.observe_draft(n - m, n_accepted - m, drafting, catchup if m == 0 else 0.0,
+                                     n_timed=n - m - draft.n_ahead)

@@ -21,6 +21,7 @@ from .constrain import NothingAllowed, RowStates
 from localspec.config import DecodeConfig, SamplingConfig
 from .controller import KController
 from .drafters import Drafter
+from .overlap import Judge, overlapped
 from .processing import check_bias_ids, window
 from .sampling import Argmax, BadLogits, Rows
 from .tree import DraftTree, accept_tree_greedy, accept_tree_sampled, tested_ranks
@@ -148,6 +149,13 @@ def generate_steps(
         raise ValueError("empty prompt")
     check_bias_ids(sampling, target.n_vocab)
     rng, drafting, controller = _prepare(drafter, sampling, decode, controller, rng)
+    # Draft on while the target verifies, where its decode waits on other machines and leaves a core
+    # free (overlap.py); a step with processing or a grammar is not overlapped (its rows need the text).
+    judge = None
+    if decode.overlap is None and getattr(target, "remote", False):
+        judge = Judge.of(target)
+    overlap = (decode.overlap or judge is not None) and not (sampling.grammar or sampling.processed) \
+        and hasattr(drafter, "draft_ahead")
     context = list(prompt)
     produced = 0
     # Under a grammar, the state after the text; each step's rows fork it (constrain.RowStates).
@@ -163,7 +171,11 @@ def generate_steps(
             if tree is not None:
                 v = _verify_tree(target, tree, context, sampling, grammar, rng)
             else:
-                v = _verify_chain(target, draft, context, sampling, grammar, rng)
+                ahead = None
+                if (overlap and draft is not None and draft.source == "model" and draft.tokens
+                        and (judge is None or judge.verdict)):
+                    ahead = lambda done: drafter.draft_ahead(context, draft, sampling, drafting, done)  # noqa: E731
+                v = _verify_chain(target, draft, context, sampling, grammar, rng, ahead, judge)
             emitted, from_draft, finish, withdrawn = _emit(target, v, produced, decode, stop)
             if grammar is not None and finish is None:
                 grammar = v.states(v.last_row)   # the accepted path's state (rows read are built)
@@ -174,7 +186,7 @@ def generate_steps(
             if finish is None and len(context) >= target.n_ctx:
                 finish = "context"
             target.truncate(len(context) - 1)
-            _learn(drafter, controller, k, draft, tree, v, t1 - t0, time.perf_counter() - t1)
+            _learn(drafter, controller, k, draft, tree, v, t1 - t0, time.perf_counter() - t1 - v.t_ahead)
             yield _report(k, draft, tree, v, emitted, from_draft, finish, withdrawn, t0, t1)
             if finish is not None:
                 return
@@ -248,6 +260,9 @@ class Verdict:
     """perf_counter() when the target's decode returned."""
     path: Sequence[int] = ()
     """A tree's accepted nodes (empty for a chain)."""
+    t_ahead: float = 0.0
+    """Seconds the draft model drafted on after the target's decode returned (`overlap`): drafting,
+    not verifying."""
 
 
 def _verify_tree(target, tree, context, sampling, grammar, rng) -> Verdict:
@@ -269,8 +284,10 @@ def _verify_tree(target, tree, context, sampling, grammar, rng) -> Verdict:
                    t_decoded, path)
 
 
-def _verify_chain(target, draft, context, sampling, grammar, rng) -> Verdict:
-    """The text's last token and the draft in one decode (plain decoding: the last token alone)."""
+def _verify_chain(target, draft, context, sampling, grammar, rng, ahead=None, judge=None) -> Verdict:
+    """The text's last token and the draft in one decode (plain decoding: the last token alone);
+    `ahead(done)`: what runs while the decode does (`overlap.overlapped`); `judge`: what watches a
+    decode that runs alone (`overlap.Judge`)."""
     drafted = draft.tokens if draft else []
     # A padded draft vocabulary can propose an id the target lacks: verify the part before it; the
     # rule then rejects that id (p = 0) using the last row.
@@ -281,15 +298,19 @@ def _verify_chain(target, draft, context, sampling, grammar, rng) -> Verdict:
     states = RowStates(grammar, [context[-1], *drafted], None, target.is_eog) if grammar is not None else None
     if states is not None:
         n_valid = next((i for i in range(n_valid) if not states.allows(i + 1)), n_valid)
-    logits = target.eval([context[-1], *drafted[:n_valid]], logits_from=0)
-    t_decoded = time.perf_counter()
+    batch = [context[-1], *drafted[:n_valid]]
+    run = lambda: target.eval(batch, logits_from=0)   # noqa: E731
+    if ahead is not None:
+        logits, t_decoded, t_ahead = overlapped(run, ahead)
+    else:
+        logits, t_decoded, t_ahead = judge.watch(run) if judge else run(), time.perf_counter(), 0.0
     seen = chain_seen(context, drafted, sampling)
     if sampling.greedy:
         n_acc, nxt = accept_greedy(drafted, Argmax(logits, sampling, seen, states))
     else:
         n_acc, nxt = accept_sampled(drafted, Rows(logits, sampling, seen, states), draft.q if draft else None, rng)
     trials = ((0, True),) * n_acc + (((0, False),) if n_acc < len(drafted) else ())
-    return Verdict(drafted, n_acc, nxt, n_acc, trials, states, t_decoded)
+    return Verdict(drafted, n_acc, nxt, n_acc, trials, states, t_decoded, t_ahead=t_ahead)
 
 
 def _emit(target, v: Verdict, produced: int, decode: DecodeConfig, stop: StopHook | None):
@@ -338,9 +359,9 @@ def _report(k, draft, tree, v: Verdict, emitted, from_draft, finish, withdrawn, 
         n_nodes=len(tree) if tree is not None else len(v.drafted),
         branches=tree.leaves() if tree is not None else 1,
         sibling_trials=v.trials,
-        t_draft=t1 - t0,
+        t_draft=t1 - t0 + v.t_ahead,
         t_verify=v.t_decoded - t1,
-        t_python=time.perf_counter() - v.t_decoded,
+        t_python=time.perf_counter() - v.t_decoded - v.t_ahead,
         t_draft_host=draft.t_host if draft else 0.0,
         finish=finish,
         withdrawn=withdrawn,

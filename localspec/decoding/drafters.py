@@ -19,6 +19,7 @@ from localspec.config import SamplingConfig
 from .dists import Dist
 from .lookup import NGRAM_MAX, NGramStore
 from localspec.tokens import common_prefix
+from . import overlap
 from .constrain import NothingAllowed
 from .processing import window
 from .sampling import BadLogits, distribution, processed
@@ -53,6 +54,9 @@ class Draft:
     tree: DraftTree | None = None
     """A draft tree (tree_drafts): `tokens` and `q` are then its nodes', `n_lookup` counts them all
     for lookup's trees, and `classes` are those of its first-ranked branch."""
+    n_ahead: int = 0
+    """How many of `tokens`, from the front, were drafted while the last step's target verified
+    (`overlap`): not part of this step's drafting time."""
 
 
 class Drafter(Protocol):
@@ -89,7 +93,7 @@ class _Single:
     def learn(self, controller, k, draft, n_accepted, t_draft, t_verify) -> None:
         n = len(draft.tokens) if draft else 0
         drafting, catchup = split_draft_time(controller, draft, t_draft)
-        controller.observe(k, n, n_accepted, drafting, t_verify, catchup)
+        controller.observe(k, n, n_accepted, drafting, t_verify, catchup, n_timed=n - (draft.n_ahead if draft else 0))
 
 
 def split_draft_time(controller, draft: Draft | None, t_draft: float) -> tuple[float, float]:
@@ -136,8 +140,10 @@ class ModelDrafter(_Single):
         self._unread = False
         self.seqs_used: dict[int, int] = {}   # during a tree step: draft node -> its sequence
         self.tree_base = 0                    # tokens of sequence 0 before the tree's first level
+        self._ahead: tuple[int, list[int], list[Dist]] | None = None   # `draft_ahead`'s tokens
 
     def prepare(self, context: Sequence[int]) -> None:
+        self._ahead = None
         lacking = [i for i, t in enumerate(context) if t >= self.model.n_vocab]
         self.offset = lacking[-1] + 1 if lacking else 0  # see propose
         if self.lazy:
@@ -183,15 +189,20 @@ class ModelDrafter(_Single):
 
     def propose(self, context, k, sampling, rng, grammar=None) -> Draft:
         m = self.model
-        row, n_first, first = self.start(context)
-        if row is None:
-            return Draft([])
-        tokens: list[int] = []
-        rows: list[Dist] = []
+        tokens, rows = overlap.take_ahead(self, context, k, grammar)
+        n_ahead, n_first, first = len(tokens), 0, 0.0
+        if n_ahead == k or (tokens and (m.is_eog(tokens[-1]) or tokens[-1] >= self.target_vocab)):
+            return Draft(tokens, rows or None, source="model", n_ahead=n_ahead)
+        if tokens:   # drafted ahead: the draft goes on after them
+            row = m.eval([tokens[-1]], logits_from=0)[0]
+        else:
+            row, n_first, first = self.start(context)
+            if row is None:
+                return Draft([])
         host = 0.0
         states = (lambda _: grammar) if grammar is not None else None
         touched = sampling.processed or states is not None   # else each row is sampled as it comes
-        for i in range(k):
+        for i in range(n_ahead, k):
             h = time.perf_counter()
             if touched:   # as the target's row after the same text will be
                 try:
@@ -213,7 +224,11 @@ class ModelDrafter(_Single):
             row = m.eval([x], logits_from=0)[0]
         # Greedy drafts are checked against the target's argmax; no distribution is needed. Ids
         # past one vocabulary's end have p = 0 or q = 0 there, which the rule handles.
-        return Draft(tokens, rows or None, host, source="model", n_first=n_first, t_first=first)
+        return Draft(tokens, rows or None, host, source="model", n_first=n_first, t_first=first, n_ahead=n_ahead)
+
+    def draft_ahead(self, context, draft: Draft, sampling, rng, done) -> None:
+        """Draft on past `draft` while the target verifies it (`overlap.draft_ahead`)."""
+        self._ahead = overlap.draft_ahead(self, context, draft.tokens, sampling, rng, done)
 
     def distribution(self, row, sampling) -> Dist:
         try:

@@ -98,6 +98,8 @@ class Model(Sequences):
             min(cfg.n_ctx // self.n_seq, C.llama_n_ctx_seq(self._ctx))
         self.n_batch = min(self.n_batch, C.llama_n_batch(self._ctx))
         self.n_threads = threads
+        self.remote = bool(cfg.placement.rpc)
+        """Its layers run on RPC workers: a decode waits on the network, and this CPU is free."""
         self._vocab = C.llama_model_get_vocab(self._model)
         self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
         self._mem = C.llama_get_memory(self._ctx)

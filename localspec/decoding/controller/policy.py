@@ -106,8 +106,7 @@ class KController:
         self.tree_shape: tuple[int, ...] | None = None   # a fixed --tree SHAPE (set by the decoder)
         self.tree_pays: np.ndarray | None = None   # with it: per k, whether its tree beats a chain
         self.batch = None
-        """`batch.SlotShare` when this controller's generation shares its decodes with others:
-        verify and draft costs are then its share of the batch's (see `batch`)."""
+        """`batch.SlotShare` when this generation shares its decodes: its costs are its share."""
 
     @property
     def _verify(self) -> dict[int, float]:   # verify seconds by batch size (tests read it)
@@ -132,8 +131,7 @@ class KController:
             self.probes.since += 1
             k = 0
         elif self.plain_due():
-            k = 0                       # plain cost unknown or stale (the context grows, the
-                                        # machine's speed drifts; a warm start's is from then)
+            k = 0                       # t_verify(1) unknown or stale (a longer context, a drift, a record)
         else:
             throughput = self._throughput(cap)
             k = int(np.argmax(throughput))   # ties go to the cheaper k
@@ -213,16 +211,17 @@ class KController:
 
     # ---- learning -------------------------------------------------------------------------
     def observe(self, k: int, n_drafted: int, n_accepted: int, t_draft: float,
-                t_verify: float, t_resume: float = 0.0) -> None:
+                t_verify: float, t_resume: float = 0.0, n_timed: int | None = None) -> None:
         """Record one step; the verify batch size was n_drafted + 1. t_resume: seconds the drafter
-        spent catching up on text it missed during plain steps (not part of t_draft)."""
+        spent catching up on text it missed during plain steps (not part of t_draft); n_timed: the
+        drafted tokens t_draft paid for (all; fewer where some were drafted during the last verify)."""
         if not 0 <= n_accepted <= n_drafted <= max(k, 0):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted <= k, got "
                              f"k={k} n_drafted={n_drafted} n_accepted={n_accepted}")
         self.observe_verify(n_drafted + 1, t_verify)
         if n_drafted == 0:
             return  # a plain step (or a drafter with nothing to offer) says nothing about alpha
-        self.observe_draft(n_drafted, n_accepted, t_draft, t_resume)
+        self.observe_draft(n_drafted, n_accepted, t_draft, t_resume, n_timed)
 
     def observe_verify(self, b: int, t_verify: float) -> None:
         """Record one target pass over b tokens (every step, whoever drafted)."""
@@ -244,8 +243,10 @@ class KController:
         self._last_verify = t_verify
         self.probes.timed(t_verify)
 
-    def observe_draft(self, n_drafted: int, n_accepted: int, t_draft: float, t_resume: float = 0.0) -> None:
-        """Record what the draft model proposed and what of it was accepted."""
+    def observe_draft(self, n_drafted: int, n_accepted: int, t_draft: float, t_resume: float = 0.0,
+                      n_timed: int | None = None) -> None:
+        """Record what the draft model proposed (`observe`'s n_timed) and what of it was accepted."""
+        timed = n_drafted if n_timed is None else n_timed
         self._draft_steps += 1
         testing = self.probes.probing and self.warm and not self.drafted_here   # the record's test
         self.drafted_here = True
@@ -256,7 +257,8 @@ class KController:
             self.probes.timed(t_draft + t_resume)
             if self.probes.probing:   # against the plain steps its tokens would have taken
                 loss = t_draft + t_resume + self._last_verify - (n_accepted + 1) * float(self.verify_curve(1)[0])
-        self.draft_costs.observe(n_drafted, t_draft, t_resume)
+        if timed > 0:
+            self.draft_costs.observe(timed, t_draft, t_resume)
         if self.probes.probing:   # only then is the draft priced against the estimate
             self._learn_probe(n_drafted, n_accepted, loss, testing)
         self.acceptance.observe(n_drafted, n_accepted)
@@ -297,16 +299,14 @@ class KController:
         return self.draft_costs.per_token
 
     def verify_curve(self, top: int) -> np.ndarray:
-        """Predicted seconds to verify b = 1..top tokens (needs one timing); in a batch, this
-        generation's share of the batch's decode (`batch`)."""
+        """Predicted seconds to verify b = 1..top tokens (needs one timing; in a batch, its share)."""
         if self.batch is not None and self.batch.known():
             return self.batch.curve(top)
         return self.verify_costs.curve(top)
 
     def row_share(self) -> float:
         """What one more verify row costs at least, as a share of a plain pass (as last fitted; 0
-        unknown, or in a batch): a draft token less likely than this to be reached and accepted
-        earns less than its row, and so does every token after it."""
+        unknown, or in a batch): a draft token less likely reached and accepted earns less."""
         return self.verify_costs.row_share if self.batch is None else 0.0
 
     def costs_known(self) -> bool:
