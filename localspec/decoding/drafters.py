@@ -209,12 +209,7 @@ class ModelDrafter(_Single):
                     row = processed(row, sampling, lambda _: window(context, tokens, sampling), 0, states)
                 except NothingAllowed:
                     break   # nothing the grammar allows has a finite logit here: draft no further
-            if sampling.greedy:
-                x = int(row.argmax())
-            else:
-                q = self.distribution(row, sampling)
-                x = q.sample(rng)
-                rows.append(q)
+            x = self.pick(row, sampling, rng, rows)
             tokens.append(x)
             host += time.perf_counter() - h
             if m.is_eog(x) or x >= self.target_vocab or i == k - 1:
@@ -229,6 +224,15 @@ class ModelDrafter(_Single):
     def draft_ahead(self, context, draft: Draft, sampling, rng, done) -> None:
         """Draft on past `draft` while the target verifies it (`overlap.draft_ahead`)."""
         self._ahead = overlap.draft_ahead(self, context, draft.tokens, sampling, rng, done)
+
+    def pick(self, row, sampling, rng, rows: list) -> int:
+        """The token drafted from `row`: its argmax when greedy, else a draw from its distribution,
+        which is appended to `rows` (the rule reads it)."""
+        if sampling.greedy:
+            return int(row.argmax())
+        q = self.distribution(row, sampling)
+        rows.append(q)
+        return q.sample(rng)
 
     def distribution(self, row, sampling) -> Dist:
         try:

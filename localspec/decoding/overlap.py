@@ -131,13 +131,7 @@ def draft_ahead(drafter, context: Sequence[int], tokens: Sequence[int], sampling
     while not done() and len(out) <= AHEAD_MAX and len(m.tokens) + 1 < m.n_ctx:
         if m.is_eog(x) or x >= drafter.target_vocab or x >= m.n_vocab:
             break
-        row = m.eval([x], logits_from=0)[0]
-        if sampling.greedy:
-            x = int(row.argmax())
-        else:
-            q = drafter.distribution(row, sampling)
-            x = q.sample(rng)
-            rows.append(q)
+        x = drafter.pick(m.eval([x], logits_from=0)[0], sampling, rng, rows)
         out.append(x)
     return (len(context) + len(tokens) + 1, out, rows) if len(out) >= 2 else None
 
