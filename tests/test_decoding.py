@@ -240,7 +240,7 @@ class _Bursts:
         self.n += 1
         return 4 if self.n % 12 == 0 else 0
 
-    def observe(self, *args):
+    def observe(self, *args, **kwargs):
         pass
 
     class first_decode:   # noqa: N801 - stands in for the controller's BatchCost
