@@ -211,6 +211,9 @@ class BatchCost:
         extra = self._line[1] * np.maximum(np.asarray(n, dtype=float) - usual, 0.0)
         return extra if np.ndim(n) else float(extra)
 
-    def snapshot(self, timed_here: bool = False) -> dict:
-        """Seconds by tokens read; `timed_here`: only the sizes this run timed (what a save keeps)."""
-        return {str(n): t for n, t in sorted(self._by_n.items()) if not (timed_here and n in self.recorded)}
+    def timed_here(self) -> dict[int, float]:
+        """Seconds by tokens read, for the sizes this run timed (what a save keeps)."""
+        return {n: t for n, t in self._by_n.items() if n not in self.recorded}
+
+    def snapshot(self) -> dict:
+        return {str(n): t for n, t in sorted(self._by_n.items())}

@@ -342,7 +342,7 @@ class KController:
             "alpha": self.alpha,
             "by_position": self.acceptance_by_position(),
             "trials": self.acceptance.trials,
-            "first_decode": self.first_decode.snapshot(timed_here=True) if alone else None,
+            "first_decode": {str(n): t for n, t in sorted(self.first_decode.timed_here().items())} if alone else None,
         }
 
     def warm_start(self, verify: dict[int, float] | None = None, draft_cost: float | None = None,
