@@ -96,9 +96,17 @@ def _top_k_sampled(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, flo
     sample = row[::stride]
     j = min(len(sample), 2 * k // stride + 4)
     t = np.partition(sample, len(sample) - j)[len(sample) - j]
-    ids = np.flatnonzero(row >= t)
-    if len(ids) < k:
-        return None
+    if t == -np.inf:
+        # A masked row (a grammar's: -inf outside the allowed set) leaves the sample all -inf, and
+        # every id would pass: keep the finite ones. The -inf tokens have no mass whatever top-k
+        # keeps, so the distribution is the same, and fewer than k of them are all there is.
+        ids = np.flatnonzero(row > t)
+        if not len(ids):
+            return None   # no finite logit: the wider search raises BadLogits
+    else:
+        ids = np.flatnonzero(row >= t)
+        if len(ids) < k:
+            return None
     vals = row[ids]
     ids, vals = _top_of(ids, vals, k)
     return ids, vals, _max(vals)
