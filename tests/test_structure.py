@@ -113,9 +113,9 @@ def test_the_circle_check_has_teeth():
 
 # ---- layers ---------------------------------------------------------------------------------------
 
-BASE = {"localspec", "localspec.config", "localspec.machine", "localspec.tokens"}
+BASE = {"localspec", "localspec.config", "localspec.machine", "localspec.paths", "localspec.tokens"}
 """The top-level modules every layer may use: frozen configuration, the machine's cores and load,
-rules on token sequences. They import no other part of localspec."""
+where localspec keeps its files, rules on token sequences. They import no other part of localspec."""
 
 LAYERS = {
     # layer: the layers it may import (besides itself and BASE)

@@ -68,6 +68,7 @@ def build_info() -> dict:
         "cpu_features": parsed["cpu_features"],
         "system_info": raw,
         "gpus": gpu_devices(parsed["gpu_backends"]),
+        "extra_buffers": engine.extra_buffers.state(),
     }
 
 

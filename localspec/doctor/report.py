@@ -64,6 +64,15 @@ def _threads_line(t: dict) -> str:
     return line + (f" · warning: {t['warning']}" if t.get("warning") else "")
 
 
+def _extra_buffers_line(x: dict) -> str:
+    """Which extra CPU weight buffers (AMX, repacked layouts) models load with, and why."""
+    offered = ", ".join(x["offered"]) or "none"
+    use = "on" if x["use"] else "OFF"
+    when = f", checked {x['checked']}" if x.get("checked") else ""
+    return f"extra CPU buffers: {use} (offered: {offered}; AMX listed by the CPU: " \
+           f"{'yes' if x['amx_listed'] else 'no'}; {x['detail']}{when})"
+
+
 def format_report(r: dict) -> str:
     b, lines = r["build"], []
     add = lines.append
@@ -80,6 +89,8 @@ def format_report(r: dict) -> str:
         add(f"             {role}: " + " · ".join(f"{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}"
                                            for k, v in p.items()))
     add(f"             CPU features: {' '.join(b['cpu_features']) or '-'}")
+    if b.get("extra_buffers"):
+        add("             " + _extra_buffers_line(b["extra_buffers"]))
     if r.get("thread_choice"):
         add("threads      " + _threads_line(r["thread_choice"]))
     for role, m in r["models"].items():

@@ -6,9 +6,9 @@ so callers move it by saying what the cache should contain (`sync`, `truncate`) 
 blocks (`eval`), each block in one batched `llama_decode` that returns logits only for the rows
 asked for. `backend` holds llama.cpp's process-wide side (log, start-up, devices).
 
-The engine is the bottom layer: it may import only `localspec.config`, `localspec.machine` and
-`localspec.tokens`, and it must never import the algorithm, the loading layer, a command or the
-UI. It is the only package that imports `llama_cpp`.
+The engine is the bottom layer: it may import only `localspec.config`, `localspec.machine`,
+`localspec.paths` and `localspec.tokens`, and it must never import the algorithm, the loading layer,
+a command or the UI. It is the only package that imports `llama_cpp`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import llama_cpp as C
 
 from localspec.config import ModelConfig
 from localspec.machine import default_threads  # noqa: F401 - the rule lives in machine; quantize takes it from here
-from . import chat, interrupt, placement
+from . import chat, extra_buffers, interrupt, placement
 from .shapes import TOP as _PAD_TOP, Shapes
 from .batch import Batch, Sequences, logit_start
 from .backend import (_init_backend, _load_progress, _recent_log, backend_devices, gpu_offload_supported,  # noqa: F401
@@ -52,6 +52,8 @@ class Model(Sequences):
         _init_backend()
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6
+        # AMX tiles and repacked layouts, unless this CPU faults on them (extra_buffers.py)
+        mparams.use_extra_bufts = self.extra_buffers = extra_buffers.usable()
         self._placed = placement.model_params(mparams, cfg.placement)   # kept alive while loading
         mparams.progress_callback = _load_progress
         _recent_log.clear()

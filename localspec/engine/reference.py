@@ -7,13 +7,14 @@ this path; it lives in the engine package because it is llama_cpp code.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Sequence
 
 import llama_cpp as C
 
-from . import EngineError, _init_backend, check_gguf
+from . import EngineError, _init_backend, check_gguf, extra_buffers
 
 
 class ReferenceModel:
@@ -33,11 +34,12 @@ class ReferenceModel:
         self.lookup_tokens = lookup_tokens
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
         try:
-            self.llm = Llama(
-                model_path=str(check_gguf(path)), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                n_gpu_layers=gpu_layers if gpu_layers >= 0 else -1, logits_all=draft is not None,
-                draft_model=draft, verbose=False,
-            )
+            with _extra_buffers(extra_buffers.usable()):
+                self.llm = Llama(
+                    model_path=str(check_gguf(path)), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                    n_gpu_layers=gpu_layers if gpu_layers >= 0 else -1, logits_all=draft is not None,
+                    draft_model=draft, verbose=False,
+                )
         except (ValueError, RuntimeError) as e:
             raise EngineError(f"llama-cpp-python could not load {path}: {e}") from None
         self._vocab = C.llama_model_get_vocab(self.llm.model)
@@ -78,3 +80,26 @@ class ReferenceModel:
             llm.close()
             self.llm = None
 
+
+
+@contextlib.contextmanager
+def _extra_buffers(use: bool):
+    """`Llama` takes no `use_extra_bufts`; where they fault here (extra_buffers.py), its model
+    params are made without them: it reads llama.cpp's defaults once, while it loads."""
+    if use:
+        yield
+        return
+    import llama_cpp.llama as high
+
+    defaults = high.llama_cpp.llama_model_default_params
+
+    def without():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    high.llama_cpp.llama_model_default_params = without
+    try:
+        yield
+    finally:
+        high.llama_cpp.llama_model_default_params = defaults

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from localspec.config import ConfigError
+from localspec.paths import cache_dir, cache_path  # noqa: F401 - the rule lives in paths; callers import it here too
 
 DRAFT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_FILE = "SmolLM2-135M-Instruct.F32.gguf"
@@ -33,28 +34,6 @@ Notice = Callable[[str], None]
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def cache_path() -> Path:
-    """Where localspec keeps files it makes (the F32 target); never inside the repository."""
-    root = os.environ.get("LOCALSPEC_CACHE")
-    if root:
-        return Path(root).expanduser()
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "localspec"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec"
-
-
-def cache_dir() -> Path:
-    """`cache_path()`, created if need be; a folder that cannot be made is a one-line ConfigError."""
-    path = cache_path()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or str(e)
-        raise ConfigError(f"cannot use {path} as localspec's cache ({why}); "
-                          "set LOCALSPEC_CACHE to a writable folder") from None
-    return path
 
 
 def in_cache(path: str | Path) -> bool:
