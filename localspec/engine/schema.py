@@ -5,11 +5,17 @@ json-schema-to-grammar). It passes over some keywords in silence and turns contr
 something else (`minItems` 3 with `maxItems` 1 gives exactly 3 items), so output "under" such a
 schema could break it while finishing with `stop`. `check_schema` walks the schema first and refuses,
 in one line naming the keyword and where it is, what is unsatisfiable or would not be enforced.
+
+One thing the converter gets wrong is worked around rather than refused: it names the rule of a
+`$ref` after the reference's last segment and reuses any rule already of that name, so
+`"#/$defs/unit"` could bind to the rule of a property `unit` (`_named_refs` gives every referenced
+schema a name nothing else can take).
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from llama_cpp import llama_grammar
 
@@ -30,6 +36,7 @@ FORMATS = ("date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid
 """The string formats the converter writes rules for; any other `format` would be ignored."""
 
 MAX_DEPTH = 64
+_INVALID_IN_NAMES = re.compile(r"[^a-zA-Z0-9-]+")   # what the converter turns into "-" in a rule's name
 
 MAX_NESTING = 1000
 """How deep GBNF groups may nest (grammar.check_repetitions). The converter nests one optional group
@@ -44,7 +51,7 @@ def schema_grammar(schema: str | dict, error: type[EngineError] = SchemaError) -
         if not isinstance(parsed, dict):
             raise SchemaError(f"a JSON schema must be an object, got {type(parsed).__name__}")
         check_schema(parsed)
-        return _strict_strings(llama_grammar.json_schema_to_gbnf(text))
+        return _strict_strings(llama_grammar.json_schema_to_gbnf(json.dumps(_named_refs(parsed))))
     except SchemaError as e:
         raise error(str(e)) from None
     except json.JSONDecodeError as e:
@@ -216,6 +223,67 @@ def _resolve(ref: str, root: dict):
         else:
             return None
     return target
+
+
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_VALUES = ("const", "enum", "default", "examples")   # JSON values, not schemas: a "$ref" in them is data
+_RULE_NAMES = ("space", "root", "dot", "char", "item", "tuple", "alternative", "additional", "string", "number",
+               "integer", "boolean", "null", "value", "object", "array", "uuid", "date", "time")
+"""The first words of the rule names the converter makes without a property's name in them."""
+
+
+def _named_refs(root: dict) -> dict:
+    """A copy of `root` whose local `$ref`s all point into one table of its own, each referenced
+    schema under a name nothing else in the grammar can take. The converter names a reference's
+    rule after the reference's last segment and reuses a rule already of that name: `"#/$defs/unit"`
+    would bind to the rule of a property named `unit` (output that breaks the schema yet finishes)."""
+    words = set(_RULE_NAMES)
+    _keys(root, words)
+    table = "ref"
+    while any(word.startswith(table) for word in words):   # so no other rule's name starts with it
+        table += "x"
+    names: dict[int, str] = {}
+    defs: dict[str, object] = {}
+
+    def name(ref: str) -> str | None:
+        target = _resolve(ref, root)
+        if not isinstance(target, dict):
+            return None   # the converter reports it
+        if id(target) not in names:
+            names[id(target)] = f"{table}{len(names)}x"   # the x: "ref1" + a de-duplicating 0 is not "ref10"
+            defs[names[id(target)]] = copy(target)
+        return names[id(target)]
+
+    def copy(node, schemas: bool = True):
+        if isinstance(node, list):
+            return [copy(sub, schemas) for sub in node]
+        if not isinstance(node, dict) or not schemas:
+            return node
+        out = {}
+        for key, value in node.items():
+            ref = name(value) if key == "$ref" and isinstance(value, str) and value.startswith("#") else None
+            if ref is not None:
+                out[key] = f"#/{table}/{ref}"
+            elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                out[key] = {k: copy(v) for k, v in value.items()}
+            else:
+                out[key] = copy(value, key not in _VALUES)
+        return out
+
+    out = copy(root)
+    out[table] = defs
+    return out
+
+
+def _keys(node, into: set) -> None:
+    """Every key anywhere in `node`, as the converter would write it in a rule name."""
+    if isinstance(node, list):
+        for sub in node:
+            _keys(sub, into)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            into.add(_INVALID_IN_NAMES.sub("-", str(key)))
+            _keys(value, into)
 
 
 _LOOSE_CHAR = r'char ::= [^"\\] |'

@@ -130,6 +130,10 @@ def _function(tool, i: int) -> dict:
 
 # ---- the reply's format, and the prompt ---------------------------------------------------------
 
+CALL_FORMATS = ("hermes", "llama3", "mistral", "json")
+"""Every format `call_format` reads off a template, and `call_text`/`call_grammar` write."""
+
+
 def call_format(template: str | None) -> str:
     """How the model writes a call, as its template shows: hermes, llama3, mistral, or json."""
     template = template or ""
@@ -217,22 +221,30 @@ def _prefixed(gbnf: str, prefix: str) -> str:
     return "".join(out)
 
 
+def _literal(text: str) -> str:
+    """`text` as a GBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
 def call_grammar(tools: Tools, fmt: str) -> str:
-    """GBNF for one call in format `fmt` to one of the offered functions (the forced one)."""
+    """GBNF for one call in format `fmt` to one of the offered functions (the forced one).
+
+    Each function's arguments get the grammar of its `parameters` as they are, from their own root,
+    with its rules renamed `t<i>-a-...`; only the call around them is written here, as the JSON
+    converter writes an object of two required properties. Wrapping `parameters` inside a
+    `{name, arguments}` schema instead would rebase its `$ref`s onto the wrapper: `#/properties/x`
+    would point at nothing, and `#/$defs/name` at the function's name."""
     from localspec.engine.grammar import schema_grammar
 
     key = "parameters" if fmt == "llama3" else "arguments"
     parts, alternatives = [], []
     for i, f in enumerate(tools.offered()):
-        params = f["function"]["parameters"]
-        schema = {"type": "object", "properties": {"name": {"const": f["function"]["name"]}, key: params},
-                  "required": ["name", key], "additionalProperties": False}
-        for defs in ("$defs", "definitions"):   # references point at the root: bring them up there
-            if defs in params:
-                schema[defs] = params[defs]
-        parts.append(_prefixed(schema_grammar(schema), f"t{i}-"))
-        alternatives.append(f"t{i}-root")
+        arguments = _prefixed(schema_grammar(f["function"]["parameters"]), f"t{i}-a-")
+        head = " call-space ".join([_literal(json.dumps("name")), '":"', _literal(json.dumps(f["function"]["name"]))])
+        parts += [f't{i}-call ::= "{{" call-space {head} "," call-space {_literal(json.dumps(key))} call-space ":" '
+                  f'call-space t{i}-a-root "}}" call-space', arguments]
+        alternatives.append(f"t{i}-call")
     call = "call ::= " + " | ".join(alternatives)
     root = {"hermes": 'root ::= "<tool_call>\\n" call "\\n</tool_call>"',
             "mistral": 'root ::= "[TOOL_CALLS][" call "]"'}.get(fmt, "root ::= call")
-    return "\n".join([root, call, *parts]) + "\n"
+    return "\n".join([root, call, 'call-space ::= " "?', *parts]) + "\n"
