@@ -6,10 +6,12 @@ something else (`minItems` 3 with `maxItems` 1 gives exactly 3 items), so output
 schema could break it while finishing with `stop`. `check_schema` walks the schema first and refuses,
 in one line naming the keyword and where it is, what is unsatisfiable or would not be enforced.
 
-One thing the converter gets wrong is worked around rather than refused: it names the rule of a
+Two things the converter gets wrong are worked around rather than refused: it names the rule of a
 `$ref` after the reference's last segment and reuses any rule already of that name, so
 `"#/$defs/unit"` could bind to the rule of a property `unit` (`_named_refs` gives every referenced
-schema a name nothing else can take).
+schema a name nothing else can take); and it writes each minimum out in full (`minLength` 5 is five
+`char`s), so a large minimum costs grammar text, build time and memory in proportion
+(`MAX_MINIMUM`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ MAX_NESTING = 1000
 """How deep GBNF groups may nest (grammar.check_repetitions). The converter nests one optional group
 per item that `maxLength`/`maxItems`/a pattern's `{m,n}` allows beyond the minimum."""
 
+MAX_MINIMUM = 1 << 17
+"""The most characters and items a schema's minimums may ask for, all together (`minLength`,
+`minItems`, a pattern's `{m}`/`{m,}`/`{m,n}`; `minProperties` and `minContains` are refused
+outright, in UNENFORCED): each unit is at least one character the model must write before the
+grammar lets it stop. The context the reply must fit is not known where a schema is checked
+(tools, response_format and Ollama's format are read before any model is asked), so the bound is
+fixed and generous: 131,072 = 2**17, the context the common long-context models are trained for
+(Llama 3.1, Qwen 2.5: 128k tokens) and 32 times localspec's default n_ctx (4096). A minimum past
+it fills such a whole context at one character a token, a quarter of it at the ~4 characters a
+token BPE vocabularies average on text, so with a prompt beside it no server here could finish it.
+Counted as the converter writes them (a definition reached through several references once, a
+repeat inside a repeat once each): the bound holds the grammar's size (2e7 took 44 s and 1.9 GB to
+answer in a fault pass; at the bound the text is ~650 kB and llama.cpp builds it in ~0.2 s),
+while a reply whose nested minimums multiply past the context ends at the length limit."""
+
 
 def schema_grammar(schema: str | dict, error: type[EngineError] = SchemaError) -> str:
     """GBNF for a JSON schema (text or parsed), after `check_schema`; `error` is what is raised."""
@@ -63,39 +80,60 @@ def schema_grammar(schema: str | dict, error: type[EngineError] = SchemaError) -
         raise error(f"unsupported JSON schema: {detail}") from None
 
 
+class _Walk:
+    """What one check has seen: the references followed, the nodes whose minimums are counted (a
+    schema reached twice, through two references, is one rule in the grammar), and their total."""
+
+    def __init__(self):
+        self.refs: set = set()
+        self.counted: set = set()
+        self.minimum = 0
+
+    def count(self, node: dict, key: str, value: int, where: str) -> None:
+        """Add `value`, the minimum `key` (in `node`) asks for, to the schema's total; refuse past MAX_MINIMUM."""
+        if (id(node), key) in self.counted:
+            return
+        self.counted.add((id(node), key))
+        self.minimum += value
+        if self.minimum > MAX_MINIMUM:
+            alone = "" if value == self.minimum else f" (with the schema's other minimums, {self.minimum})"
+            _refuse(key, where, f"asks for at least {value} characters or items{alone}: more than the "
+                    f"{MAX_MINIMUM} any context here can hold")
+
+
 def check_schema(root: dict) -> None:
     """Refuse (SchemaError) what is unsatisfiable or would not be enforced, anywhere in `root`."""
-    _walk(root, root, "the schema", 0, set())
+    _walk(root, root, "the schema", 0, _Walk())
 
 
-def _walk(node, root: dict, where: str, depth: int, refs: set) -> None:
+def _walk(node, root: dict, where: str, depth: int, seen: _Walk) -> None:
     if depth > MAX_DEPTH:
         raise SchemaError("the JSON schema nests too deeply")
     if isinstance(node, list):
         for i, sub in enumerate(node):
-            _walk(sub, root, f"{where}[{i}]", depth + 1, refs)
+            _walk(sub, root, f"{where}[{i}]", depth + 1, seen)
         return
     if not isinstance(node, dict):
         return
-    _check_node(node, root, where)
+    _check_node(node, root, where, seen)
     ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#") and ref not in refs:   # the converter goes there too
-        refs.add(ref)
-        _walk(_resolve(ref, root), root, ref, depth + 1, refs)
+    if isinstance(ref, str) and ref.startswith("#") and ref not in seen.refs:   # the converter goes there too
+        seen.refs.add(ref)
+        _walk(_resolve(ref, root), root, ref, depth + 1, seen)
     for key in ("items", "additionalProperties", "prefixItems", "anyOf", "oneOf", "allOf"):
         if key in node:
-            _walk(node[key], root, f"{where}.{key}", depth + 1, refs)
+            _walk(node[key], root, f"{where}.{key}", depth + 1, seen)
     for key in ("properties", "$defs", "definitions"):
         if isinstance(node.get(key), dict):
             for name, sub in node[key].items():
-                _walk(sub, root, f"{where}.{key}.{name}", depth + 1, refs)
+                _walk(sub, root, f"{where}.{key}.{name}", depth + 1, seen)
 
 
 def _refuse(key: str, where: str, why: str) -> None:
     raise SchemaError(f"unsupported JSON schema: '{key}' (in {where}) {why}")
 
 
-def _check_node(node: dict, root: dict, where: str) -> None:
+def _check_node(node: dict, root: dict, where: str, seen: _Walk) -> None:
     for key in UNENFORCED:
         if key in node:
             _refuse(key, where, "cannot be enforced by the grammar converter; drop it or check it after generation")
@@ -112,7 +150,9 @@ def _check_node(node: dict, root: dict, where: str) -> None:
             shown = json.dumps(fmt)[:40]
             _refuse("format", where, f"{shown} is not enforced by the grammar converter (it enforces "
                     f"{', '.join(FORMATS[:4])} on strings without a 'pattern'); use a 'pattern' or drop it")
-    _check_counts(node, where, "minLength", "maxLength",
+    if "required" in node and kind in (None, "object") and not fixed:
+        _check_required(node, root, where)
+    _check_counts(node, where, "minLength", "maxLength", seen,
                   enforced=kind == "string" and not fixed and "pattern" not in node and "format" not in node,
                   alone="only on a 'type': 'string' without 'pattern', 'format', 'enum' or 'const'")
     items = node.get("items", node.get("prefixItems"))
@@ -122,14 +162,33 @@ def _check_node(node: dict, root: dict, where: str) -> None:
             _refuse("minItems" if "minItems" in node else "maxItems", where,
                     f"contradicts the {len(items)} items the tuple fixes")
     else:
-        _check_counts(node, where, "minItems", "maxItems",
+        _check_counts(node, where, "minItems", "maxItems", seen,
                       enforced=kind in (None, "array") and not fixed and isinstance(items, dict),
                       alone="only on an array with a single 'items' schema")
     if isinstance(node.get("pattern"), str) and not fixed:
-        _check_pattern(node["pattern"], where)
+        seen.count(node, "pattern", _check_pattern(node["pattern"], where), where)
 
 
-def _check_counts(node: dict, where: str, low_key: str, high_key: str, enforced: bool, alone: str) -> None:
+def _check_required(node: dict, root: dict, where: str) -> None:
+    """`required` names the converter writes: its own `properties`' (or, in an `allOf` without
+    them, its parts'); it passes over any other name, so output would lack it yet finish."""
+    required = node["required"]
+    if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
+        _refuse("required", where, f"must be a list of property names, got {json.dumps(required)[:40]}")
+    named = set(node["properties"]) if isinstance(node.get("properties"), dict) else set()
+    if "properties" not in node and isinstance(node.get("allOf"), list):
+        for part in node["allOf"]:
+            part = _resolve(part["$ref"], root) if isinstance(part, dict) and isinstance(part.get("$ref"), str) else part
+            if isinstance(part, dict) and isinstance(part.get("properties"), dict):
+                named |= set(part["properties"])
+    for name in required:
+        if name not in named:
+            _refuse("required", where, f"names {json.dumps(name)[:60]}, which is not in 'properties': the grammar "
+                    f"would never write it; add it to 'properties' or drop it from 'required'")
+
+
+def _check_counts(node: dict, where: str, low_key: str, high_key: str, seen: _Walk, enforced: bool,
+                  alone: str) -> None:
     given = [k for k in (low_key, high_key) if k in node]
     if not given:
         return
@@ -145,12 +204,15 @@ def _check_counts(node: dict, where: str, low_key: str, high_key: str, enforced:
     if high is not None and high - low > MAX_NESTING:
         _refuse(high_key, where, f"is {high}: the grammar allows at most {MAX_NESTING} more than "
                 f"'{low_key}' ({low}), one nested group each")
+    if low:
+        seen.count(node, low_key, low, where)
 
 
-def _check_pattern(pattern: str, where: str) -> None:
+def _check_pattern(pattern: str, where: str) -> int:
     """What the converter's regex reader gets wrong: a reversed `{m,n}` (it writes m copies and drops
-    the maximum), and a `}` or `]` that closes nothing (it loops forever on it: a hung request)."""
-    i, n = 0, len(pattern)
+    the maximum), and a `}` or `]` that closes nothing (it loops forever on it: a hung request).
+    Returns the copies its repeats' minimums write out (each `{m}`, `{m,}`, `{m,n}`: m)."""
+    i, n, minimum = 0, len(pattern), 0
     while i < n:
         c = pattern[i]
         if c == "\\":
@@ -163,19 +225,25 @@ def _check_pattern(pattern: str, where: str) -> None:
         elif c == "{":
             j = pattern.find("}", i)
             parts = [p.strip() for p in pattern[i + 1:j if j >= 0 else n].split(",")]
-            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-                low, high = int(parts[0]), int(parts[1])
-                if low > high:
+            if len(parts) <= 2 and parts[0].isdigit() and all(p.isdigit() for p in parts[1:] if p):
+                low = int(parts[0])
+                high = low if len(parts) == 1 else int(parts[1]) if parts[1] else None
+                if high is not None and low > high:
                     _refuse("pattern", where, f"repeats {{{low},{high}}}: at least {low} and at most {high} "
                             f"allows nothing")
-                if high - low > MAX_NESTING:
+                if high is not None and high - low > MAX_NESTING:
                     _refuse("pattern", where, f"repeats {{{low},{high}}}: the grammar allows at most "
                             f"{MAX_NESTING} optional repeats, one nested group each")
+                if low > MAX_MINIMUM:   # the total is checked by the caller; this stops a 10**100 early
+                    _refuse("pattern", where, f"repeats at least {low} times: more than the {MAX_MINIMUM} "
+                            f"any context here can hold")
+                minimum += low
             i = j if j >= 0 else n
         elif c in "}]":
             _refuse("pattern", where, f"has a '{c}' at offset {i} that closes nothing (write \\{c} for the "
                     f"character itself)")
         i += 1
+    return minimum
 
 
 def _check_ref(ref, root: dict, where: str) -> None:
