@@ -249,12 +249,13 @@ def _prompt(body: dict) -> str | list[int]:
                    param="prompt", code="invalid_value")
 
 
-def parse(body: Any, defaults: Defaults, chat: bool) -> Request:
-    """Check a request body of /v1/chat/completions (`chat`) or /v1/completions."""
+def parse(body: Any, defaults: Defaults, chat: bool, ollama: bool = False) -> Request:
+    """Check a request body of /v1/chat/completions (`chat`) or /v1/completions; `ollama`: one
+    mapped from Ollama's API, whose tool turns may leave out which call they answer."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object", code="invalid_json")
     _unsupported(body)
-    messages = _messages(body) if chat else None
+    messages = _messages(body, ollama) if chat else None
     prompt = None if chat else _prompt(body)
     tools = parse_tools(body)
     if tools is not None and not chat:

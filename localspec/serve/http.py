@@ -1,6 +1,6 @@
 """The HTTP plumbing of `localspec serve` (Starlette, uvicorn): the API key, reading bodies,
-server-sent events, disconnects, OpenAI-style error answers, counting answers for /metrics, and
-running uvicorn (in the foreground, or in a thread for the tests)."""
+server-sent events, disconnects, error answers (OpenAI's shape, Ollama's under /api/), counting
+answers for /metrics, and running uvicorn (in the foreground, or in a thread for the tests)."""
 
 from __future__ import annotations
 
@@ -137,28 +137,46 @@ def sse(obj: dict) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
 
+def ollama_path(path: str) -> bool:
+    """Whether `path` is under Ollama's /api/, where refusals take Ollama's shape: its client reads
+    `error` as the message, and an OpenAI-shaped body would hand it a dict."""
+    return path == "/api" or path.startswith("/api/")
+
+
+def refusal(request: Request, error: ApiError) -> JSONResponse:
+    """`error` as the answer, in Ollama's shape (`{"error": message}`) under /api/, else OpenAI's."""
+    request.state.refusal = error.message   # for the request's log line
+    body = {"error": error.message} if ollama_path(request.url.path) else error.body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-    request.state.refusal = str(exc)   # for the request's log line
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    return refusal(request, exc)
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    request.state.refusal = str(exc.detail)
-    return JSONResponse(ApiError(str(exc.detail), status=exc.status_code).body(), status_code=exc.status_code,
-                        headers=getattr(exc, "headers", None))
+    """The router's 404 and 405, with a message that says what to do instead."""
+    where = f"{request.method[:16]} {_shown(request.url.path)}"
+    headers = getattr(exc, "headers", None) or {}
+    if exc.status_code == 404:
+        message = f"{where}: no such endpoint (GET / lists them)"
+    elif exc.status_code == 405:
+        message = f"{where}: method not allowed; use {headers.get('allow') or headers.get('Allow') or 'another'}"
+    else:
+        message = str(exc.detail)
+    return refusal(request, ApiError(message, status=exc.status_code, headers=headers,
+                                     code="not_found" if exc.status_code == 404 else None))
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-    message = f"internal error ({type(exc).__name__}: {exc})"
-    request.state.refusal = message
-    return JSONResponse(ApiError(message, status=500, kind="server_error").body(), status_code=500)
+    return refusal(request, ApiError(f"internal error ({type(exc).__name__}: {exc})", status=500, kind="server_error"))
 
 
 async def index(request: Request) -> JSONResponse:
     """`GET /`: where the API is, for a person or a client probing the address (the app's own
     routes, so the list cannot drift from them)."""
-    endpoints = [f"{method} {route.path}" for route in request.app.routes if route.path != "/"
-                 for method in sorted(route.methods - {"HEAD"})]
+    endpoints = [f"{method} {route.path}" for route in request.app.routes if route.path != "/" and route.methods
+                 for method in sorted(route.methods - {"HEAD"})]   # no methods: Ollama's, refused (501)
     return JSONResponse({"name": "localspec", "api": "OpenAI-compatible, under /v1", "endpoints": endpoints})
 
 

@@ -3,8 +3,9 @@
 OpenAI's roles: system (and developer, its newer name), user, assistant, tool. Content is a string
 or a list of text parts. An assistant turn may carry `tool_calls` (arguments as a JSON string,
 which must hold an object) instead of text; a `tool` turn carries a call's result and the
-`tool_call_id` it answers. Templates get the calls as Hugging Face's templates read them: the
-arguments as an object, the result with the function's `name` looked up from the call it answers.
+`tool_call_id` it answers (Ollama's: the function's `tool_name`, or nothing). Templates get the
+calls as Hugging Face's templates read them: the arguments as an object, the result with the call's
+id and the function's `name`, looked up from the call it answers.
 """
 
 from __future__ import annotations
@@ -71,13 +72,18 @@ def tool_calls(calls, i: int) -> list[dict]:
     return out
 
 
-def messages(body: dict) -> list[dict]:
+def messages(body: dict, ollama: bool = False) -> list[dict]:
+    """The checked messages of `body`. A tool turn answers a call of the last assistant turn:
+    the one its `tool_call_id` names, else the first unanswered call of its `tool_name` (Ollama's),
+    else (Ollama's, with neither) the first unanswered call, so that templates get the call's id and
+    name either way. OpenAI requires the id; Ollama requires neither."""
     given = body.get("messages")
     if not isinstance(given, list) or not given:
         raise ApiError("'messages' must be a non-empty list", param="messages",
                        code="missing_required_parameter" if given is None else "invalid_type")
     out: list[dict] = []
     names: dict[str, str] = {}   # call id -> function name, for the tool turns that answer them
+    unanswered: list[dict] = []   # the last assistant turn's calls no tool turn has answered yet
     for i, m in enumerate(given):
         if not isinstance(m, dict):
             raise ApiError(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
@@ -86,16 +92,32 @@ def messages(body: dict) -> list[dict]:
             raise ApiError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r:.40}",
                            param=f"messages[{i}].role", code="invalid_value")
         message = {"role": ROLES[role], "content": content(m, i)}
-        if role == "assistant" and m.get("tool_calls"):
-            message["tool_calls"] = tool_calls(m["tool_calls"], i)
-            names.update((c["id"], c["function"]["name"]) for c in message["tool_calls"])
+        if role == "assistant":
+            unanswered = []
+            if m.get("tool_calls"):
+                message["tool_calls"] = tool_calls(m["tool_calls"], i)
+                names.update((c["id"], c["function"]["name"]) for c in message["tool_calls"])
+                unanswered = list(message["tool_calls"])
         if role == "tool":
-            call_id = m.get("tool_call_id")
-            name = m.get("name") or m.get("tool_name")   # Ollama names the function instead
-            if not (isinstance(call_id, str) and call_id) and not (isinstance(name, str) and name):
-                raise ApiError(f"messages[{i}] (role tool) needs the 'tool_call_id' it answers",
-                               param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
-            message["tool_call_id"] = call_id if isinstance(call_id, str) else ""
-            message["name"] = name if isinstance(name, str) and name else names.get(call_id, "")
+            call_id, name = _answered(m, i, names, unanswered, ollama)
+            message["tool_call_id"], message["name"] = call_id, name
         out.append(message)
     return out
+
+
+def _answered(m: dict, i: int, names: dict[str, str], unanswered: list[dict], ollama: bool) -> tuple[str, str]:
+    """(call id, function name) of the call tool turn `m` answers; taken off `unanswered`."""
+    call_id = m.get("tool_call_id") if isinstance(m.get("tool_call_id"), str) else ""
+    name = m.get("name") or m.get("tool_name")   # Ollama names the function instead
+    name = name if isinstance(name, str) else ""
+    if not (call_id or name or ollama):
+        raise ApiError(f"messages[{i}] (role tool) needs the 'tool_call_id' it answers",
+                       param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
+    if call_id:
+        call = next((c for c in unanswered if c["id"] == call_id), None)
+    else:
+        call = next((c for c in unanswered if not name or c["function"]["name"] == name), None)
+    if call is not None:
+        unanswered.remove(call)
+        call_id = call_id or call["id"]
+    return call_id, name or names.get(call_id, "")

@@ -10,7 +10,11 @@ server's context, refused above it; Ollama's other options (num_thread, num_gpu.
 business and ignored. `format` is "json" or a JSON schema (the grammar of response_format);
 `tools` goes through the same machinery as OpenAI's (calls in Ollama's shape, arguments as an
 object). Replies carry Ollama's fields, durations in nanoseconds, and localspec's α and the rest
-in a `localspec` object; refusals are Ollama's `{"error": message}` with a 4xx.
+in a `localspec` object. Every answer under /api/ that is not one is Ollama's `{"error": message}`
+(`http.refusal`): a 4xx for a bad request, 404 for an unknown path, 405 for a wrong method, and 501
+for Ollama's endpoints that have no counterpart here (`NOT_SERVED`: pulling, pushing, creating,
+copying and deleting models, blobs, embeddings), so that Ollama's clients raise their own error
+with the message as text.
 """
 
 from __future__ import annotations
@@ -35,14 +39,37 @@ OPTIONS = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_pen
            "frequency_penalty")
 
 
+_ONE_MODEL = "localspec serves the one model it was started with and does not manage models"
+NOT_SERVED = {
+    "/api/pull": f"{_ONE_MODEL}; download one with `localspec pull` and serve it with `localspec serve --target`",
+    "/api/push": _ONE_MODEL, "/api/create": _ONE_MODEL, "/api/copy": _ONE_MODEL, "/api/delete": _ONE_MODEL,
+    "/api/blobs/{digest:path}": _ONE_MODEL,
+    "/api/embed": "embeddings are not supported", "/api/embeddings": "embeddings are not supported",
+}
+"""Ollama's endpoints without a counterpart here, and why. 501 rather than 404: a client that
+reads a 404 as "model not found" would try to pull it, and 404 says the path is wrong."""
+
+
 def ollama_routes(server) -> list[Route]:
     api = Ollama(server)
-    return [Route("/api/chat", api.answers(api.chat), methods=["POST"]),
-            Route("/api/generate", api.answers(api.generate), methods=["POST"]),
-            Route("/api/tags", api.answers(api.tags), methods=["GET"]),
-            Route("/api/show", api.answers(api.show), methods=["POST"]),
-            Route("/api/version", api.answers(api.version), methods=["GET"]),
-            Route("/api/ps", api.answers(api.ps), methods=["GET"])]
+    return [Route("/api/chat", api.chat, methods=["POST"]),
+            Route("/api/generate", api.generate, methods=["POST"]),
+            Route("/api/tags", api.tags, methods=["GET"]),
+            Route("/api/show", api.show, methods=["POST"]),
+            Route("/api/version", api.version, methods=["GET"]),
+            Route("/api/ps", api.ps, methods=["GET"]),
+            *(Route(path, NotServed(why)) for path, why in NOT_SERVED.items())]
+
+
+class NotServed:
+    """A refusal (501) for every method: a plain ASGI app, as Starlette gives a function GET only."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    async def __call__(self, scope, receive, send) -> None:
+        raise ApiError(f"{scope['path'][:200]} is not implemented by localspec: {self.why}", status=501,
+                       code="not_implemented")
 
 
 def now() -> str:
@@ -57,8 +84,10 @@ def openai_body(body, chat: bool, n_ctx: int, has_template: bool) -> tuple[dict,
     """(an OpenAI body, whether it is a chat) for an Ollama /api/chat or /api/generate body."""
     if not isinstance(body, dict):
         _refuse("the request body must be a JSON object")
-    stream = body.get("stream", True)
-    if not isinstance(stream, bool):
+    stream = body.get("stream")
+    if stream is None:   # absent or null: Ollama streams
+        stream = True
+    elif not isinstance(stream, bool):
         _refuse("'stream' must be a boolean", "stream")
     if body.get("think"):
         _refuse("this model does not support thinking ('think')", "think")
@@ -115,17 +144,6 @@ class Ollama:
     def __init__(self, server):
         self.server = server
 
-    @staticmethod
-    def answers(handler):
-        """`handler` with its refusals in Ollama's shape."""
-        async def run(request: Request):
-            try:
-                return await handler(request)
-            except ApiError as e:
-                request.state.refusal = e.message   # for the request's log line
-                return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
-        return run
-
     # ---- generation ------------------------------------------------------------------------------
     async def chat(self, request: Request):
         return await self._generate(request, chat=True)
@@ -146,7 +164,7 @@ class Ollama:
             unload = body.get("keep_alive") in (0, "0", "0s", "0m")
             return JSONResponse({**Shape(model, chat, None, start).part(done=True),
                                  "done_reason": "unload" if unload else "load"})
-        req = parse(mapped, server.defaults, as_chat)
+        req = parse(mapped, server.defaults, as_chat, ollama=True)
         job, watcher = await server.submit(request, req)
         shape = Shape(model, chat, req.tools, start)
         try:
