@@ -8,7 +8,7 @@ from typing import Annotated, Any, Mapping, Optional
 
 import typer
 
-from localspec.config import CACHE_TYPES, N_BATCH, Placement, parse_list
+from localspec.config import CACHE_TYPES, N_BATCH, ConfigError, Placement, parse_list
 from .panels import DEVICES
 
 Rpc = Annotated[Optional[str], typer.Option(
@@ -57,15 +57,19 @@ DEVICE_OPTIONS = ("rpc", "tensor_split", "split_mode", "main_gpu", "flash_attn",
 def placements(given: Mapping[str, Any], preset: Mapping[str, Any]) -> dict:
     """LoadConfig's target_placement, draft_placement and n_batch from the device options (a flag
     over the preset's value): the target takes the workers and the split, both models flash
-    attention, each its own cache types."""
+    attention, each its own cache types. A value given is checked as given (`Placement`,
+    `LoadConfig`): an empty string or a 0 never stands for the default."""
     value = {name: given.get(name) if given.get(name) is not None else preset.get(name) for name in DEVICE_OPTIONS}
-    flash = value["flash_attn"] or "auto"
-    shapes = value["stable_shapes"] or "auto"
+    pick = lambda name, default: default if value[name] is None else value[name]  # noqa: E731
+    flash, shapes = pick("flash_attn", "auto"), pick("stable_shapes", "auto")
     target = Placement(
-        rpc=parse_list(value["rpc"], "--rpc"), split_mode=value["split_mode"] or "layer",
-        tensor_split=parse_list(value["tensor_split"], "--tensor-split", float), main_gpu=value["main_gpu"] or 0,
-        flash_attn=flash, cache_type_k=value["cache_type_k"] or "f16", cache_type_v=value["cache_type_v"] or "f16",
+        rpc=parse_list(value["rpc"], "--rpc"), split_mode=pick("split_mode", "layer"),
+        tensor_split=parse_list(value["tensor_split"], "--tensor-split", float), main_gpu=pick("main_gpu", 0),
+        flash_attn=flash, cache_type_k=pick("cache_type_k", "f16"), cache_type_v=pick("cache_type_v", "f16"),
         stable_shapes=shapes)
-    draft = Placement(flash_attn=flash, cache_type_k=value["draft_cache_type_k"] or "f16",
-                      cache_type_v=value["draft_cache_type_v"] or "f16", stable_shapes=shapes)
-    return {"target_placement": target, "draft_placement": draft, "n_batch": value["n_batch"] or N_BATCH}
+    try:
+        draft = Placement(flash_attn=flash, cache_type_k=pick("draft_cache_type_k", "f16"),
+                          cache_type_v=pick("draft_cache_type_v", "f16"), stable_shapes=shapes)
+    except ConfigError as e:   # Placement names the target's options; these values came from the draft's
+        raise ConfigError(str(e).replace("--cache-type-", "--draft-cache-type-")) from None
+    return {"target_placement": target, "draft_placement": draft, "n_batch": pick("n_batch", N_BATCH)}

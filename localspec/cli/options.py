@@ -276,20 +276,24 @@ def resolve_options(
     DEVICE_OPTIONS (absent or None: the preset's `gpu` value, else llama.cpp's default)."""
     from localspec.loading.session import LoadConfig
 
+    for option, given, what in (("--preset", preset, "preset name or file"), ("--target", target, "GGUF path"),
+                                ("--draft", draft, "GGUF path")):
+        if given is not None and not given.strip():   # '' would read as not given: the default, silently
+            raise ConfigError(f"{option} is empty: give a {what}, or leave the option out")
     base = SamplingConfig()
     p = None
-    if preset:
+    if preset is not None:
         from localspec.loading.hub import resolve_model
         from localspec.loading.presets import load_preset
 
         p = load_preset(preset)
         if target is None:
             target = str(resolve_model(p.target, preset=p.name))
-        if draft is None and p.draft is not None and (drafter or p.drafter) in NEEDS_DRAFT:
+        drafter = p.drafter if drafter is None else drafter   # a value given ('', 0) is checked, not replaced
+        if draft is None and p.draft is not None and drafter in NEEDS_DRAFT:
             draft = str(resolve_model(p.draft, preset=p.name))
-        drafter = drafter or p.drafter
         base = p.sampling()
-        n_ctx = n_ctx or p.n_ctx
+        n_ctx = p.n_ctx if n_ctx is None else n_ctx
     pick = lambda given, default: default if given is None else given  # noqa: E731
     if seed is not None and seed < -1:
         raise ConfigError(f"seed must be >= 0, or -1 for a random one; got {seed}")
