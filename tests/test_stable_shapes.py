@@ -187,3 +187,60 @@ def test_a_wrong_rule_still_fails_under_padding(padded_target, padded_draft, law
     monkeypatch.setattr(localspec.decoding.decoder, "accept_sampled", always_accept)
     result = check(law_reference, _runs(padded_target, padded_draft, 60))
     assert result["rank"] >= result["rank_crit"], f"always_accept passed: {result}"
+
+
+# -- near the context's end: the padding must fit the shared cache's cells -------------------------
+
+END_CTX = 256   # llama.cpp's own size here (it pads to 256): the cache has exactly these cells
+
+
+@pytest.fixture(scope="module")
+def near_end(model_paths):
+    with Model(ModelConfig(str(model_paths[0]), n_ctx=END_CTX, n_seq=4, placement=PADDED)) as t, \
+            Model(ModelConfig(str(model_paths[1]), n_ctx=END_CTX, n_seq=4, placement=PADDED)) as d:
+        assert C.llama_n_ctx(t._ctx) == END_CTX == t.n_ctx
+        yield t, d
+
+
+def long_prompt(model: Model, n: int) -> list[int]:
+    text = model.tokenize(" ".join(["The lighthouse keeper climbed the stairs and lit the lamp."] * 40))
+    return text[:n]
+
+
+def test_a_padded_tree_at_the_contexts_end_fits_the_cells(near_end, target):
+    """A 2,2 tree (7 rows with its root) after 249 cached tokens: padded to 8 rows it would need
+    257 cells of 256, though sequence 0's positions end at 252. Decoded unpadded instead."""
+    t, _ = near_end
+    prompt = long_prompt(t, END_CTX - 6)
+    tokens, parents = [prompt[-1], 11, 12, 13, 14, 15, 16], [-1, 0, 0, 1, 1, 2, 2]
+    t.reset()
+    t.shapes.size = 8
+    t.sync(prompt[:-1])
+    rows = t.eval_tree(tokens, parents)
+    assert rows.shape[0] == len(tokens)
+    target.sync(prompt[:-1])
+    chain = np.array(target.eval([prompt[-1], 11, 13], logits_from=0))
+    target.truncate(0)
+    np.testing.assert_allclose(rows[[0, 1, 3]], chain, rtol=1e-4, atol=1e-4)
+    t.keep_path([0, 1, 3])
+    assert t.tokens == [*prompt, 11, 13] and _cells_end(t) == len(prompt) + 2
+    t.reset()
+
+
+@pytest.mark.parametrize("tree", ["2,2", "off"])
+def test_a_generation_with_trees_runs_to_the_contexts_end(near_end, target, tree):
+    """Ends with finish "context", greedy output plain greedy's (up to a counted near-tie)."""
+    t, d = near_end
+    prompt = long_prompt(t, END_CTX - 40)
+    plain = [x for s in generate_steps(target, None, prompt, GREEDY, DecodeConfig(max_tokens=END_CTX - len(prompt)))
+             for x in s.tokens]
+    t.reset()
+    d.reset()
+    steps = list(generate_steps(t, ModelDrafter(d), prompt, GREEDY, DecodeConfig(max_tokens=10_000, tree=tree, k=4)))
+    out = [x for s in steps for x in s.tokens]
+    assert steps[-1].finish == "context" and len(prompt) + len(out) == END_CTX
+    assert sum(s.branches > 1 for s in steps) > 0 or tree == "off"
+    gap = near_tie_gap(SimpleNamespace(target=target), GREEDY, prompt, plain, out)
+    assert gap is None or gap < NEAR_TIE, f"left plain decoding {gap:.4f} from a tie"
+    t.reset()
+    d.reset()

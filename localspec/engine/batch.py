@@ -101,6 +101,7 @@ class Sequences:
     n_seq: int
     seqs: list[list[int]]
     tokens: list[int]   # seqs[0]
+    unified: bool       # one pool of n_ctx cells for every sequence
 
     def _share(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Let sequence dst hold src's cells at positions [p0, p1) too (llama_memory_seq_cp)."""
@@ -177,7 +178,13 @@ class Sequences:
         size, end0 = m, int(lens[0] + seen[-1][0])   # sequence 0's end after the batch
         if pad and self.shapes is not None:
             size = self.shapes.rows(m, bool(want.all()))
-            if size > min(self.n_batch, m + self.n_ctx - end0):
+            # The padding must fit sequence 0's positions and, in a unified cache, the cells every
+            # sequence shares (a tree's rows take cells beside sequence 0's: near the context's end
+            # a padded tree overflowed them, and the decode failed).
+            room = m + self.n_ctx - end0
+            if self.unified:
+                room = min(room, self.n_ctx - self._cells_held(member))
+            if size > min(self.n_batch, room):
                 size = m
         if size > m:
             self.shapes.padded += size - m
@@ -225,6 +232,14 @@ class Sequences:
             s = int(np.argmax(end))
             raise EngineError(f"context full: {int(end[s])} tokens > n_ctx {self.n_ctx} in sequence {s} ({self.name})")
         return lens, seen, pos
+
+    def _cells_held(self, member: np.ndarray) -> int:
+        """The cells of a unified cache in use before a batch of rows `member`, at most: sequence
+        0's, and every other sequence's whole, but for a sequence that shares a row of the batch
+        with sequence 0. That one holds sequence 0's text (`_check_coupled`) in sequence 0's cells:
+        `eval_tree`, the one caller that pads such rows, copies them to its branches just before."""
+        shares = (member[:, :1] & member).any(axis=0)
+        return len(self.seqs[0]) + sum(len(held) for s, held in enumerate(self.seqs) if s and not shares[s])
 
     def _check_coupled(self, member: np.ndarray) -> None:
         """Sequences that share a row must hold the same text: llama.cpp attends such a row to the
