@@ -177,11 +177,11 @@ def runs_with_overlap(target, draft, n: int, seed: int = 2):
 
 def misaligned(real):
     """An off-by-one: each token drafted ahead verified against the row before its own."""
-    def take(drafter, context, k, grammar):
+    def take(drafter, context, k, grammar, rng):
         saved = drafter._ahead
-        tokens, rows = real(drafter, context, k, grammar)
+        tokens, rows = real(drafter, context, k, grammar, rng)
         if tokens and rows:
-            rows = saved[2][:len(tokens)]
+            rows = saved.rows[:len(tokens)]
         return tokens, rows
     return take
 
@@ -248,3 +248,100 @@ def test_over_a_worker_the_overlapped_text_is_the_local_text(model_paths):
     runs = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(r["same"] and r["remote"] for r in runs), runs
     assert sum(r["ahead"] for r in runs) > 0, runs
+
+
+# ---- slots: never overlapped -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("asked", [True, None])
+def test_a_generation_on_a_slot_never_drafts_ahead(target, draft, monkeypatch, asked):
+    """serve --parallel: a slot's decodes go through the Batcher, which counts each generation as
+    one thread; a verify thread would let another slot's draft decode overwrite the logits this
+    thread reads. Off even when asked, and over RPC (`remote` passes through to the slot)."""
+    from localspec.engine.slots import Batcher, Slot
+
+    def refused(verify, ahead):
+        raise AssertionError("a slot's verify ran in a thread")
+    monkeypatch.setattr(localspec.decoding.decoder, "overlapped", refused)
+    monkeypatch.setattr(target, "remote", True)
+    batcher = Batcher([draft, target])
+    on_target, on_draft = Slot(target, batcher, 0, 1, 1024), Slot(draft, batcher, 0, 1, 1024)
+    assert on_target.remote   # passed through: the judge would overlap it
+    prompt = chat(target, PROMPTS[0])
+    plain = [t for s in generate_steps(target, None, prompt, GREEDY, DecodeConfig(max_tokens=24)) for t in s.tokens]
+    with batcher.taking_part():
+        steps = list(generate_steps(on_target, ModelDrafter(on_draft), prompt, GREEDY,
+                                    DecodeConfig(max_tokens=24, k=4, overlap=asked)))
+    on_target.reset()
+    on_draft.reset()
+    assert [t for s in steps for t in s.tokens] == plain
+    assert sum(s.n_drafted for s in steps) > 0
+
+
+# ---- reproducibility: the text for a seed does not depend on how far drafting ahead got -----------------
+
+def ahead_by(n: int):
+    """`overlapped` without the thread, drafting ahead until n tokens (the guess among them)."""
+    def run(verify, ahead):
+        calls = iter(range(10**6))
+        ahead(lambda: next(calls) >= n)
+        return verify(), time.perf_counter(), 0.0
+    return run
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_seed_gives_the_same_text_however_far_drafting_ahead_got(target, draft, monkeypatch, seed):
+    """A fixed k and seed give the same text (docs/design.md, Reproducibility), whether the target's
+    decode returned before the guess (0), or after some or all of a proposal's tokens were drafted
+    ahead: the tokens after the guess draw what the next proposal would have drawn."""
+    prompt = target.tokenize(REPEATING)
+    texts, used = {}, {}
+    for n in (0, 2, 3, 5, overlap.AHEAD_MAX + 4):
+        monkeypatch.setattr(localspec.decoding.decoder, "overlapped", ahead_by(n))
+        spy = Spy(ModelDrafter(draft))
+        steps = generate_steps(target, spy.drafter, prompt, CFG, DecodeConfig(max_tokens=40, k=3, overlap=True),
+                               rng=np.random.default_rng(seed))
+        texts[n] = [t for s in steps for t in s.tokens]
+        used[n] = sum(spy.ahead)
+    assert all(text == texts[0] for text in texts.values()), texts
+    assert used[0] == 0 and used[overlap.AHEAD_MAX + 4] > 0, used
+
+
+# ---- take_ahead: keyed on the text; lag counts what the text holds ---------------------------------
+
+def drafted_ahead(draft, n_ahead: int = 6):
+    """A drafter whose greedy chain of 3 after a prompt was drafted past by n_ahead tokens."""
+    drafter = ModelDrafter(draft)
+    context = chat(draft, PROMPTS[2])
+    drafter.prepare(context)
+    chain = drafter.propose(context, 3, GREEDY, np.random.default_rng(0))
+    assert len(chain.tokens) == 3
+    calls = iter(range(100))
+    drafter.draft_ahead(context, chain, GREEDY, np.random.default_rng(0), np.random.default_rng(1),
+                        lambda: next(calls) >= n_ahead)
+    assert drafter._ahead is not None and len(drafter._ahead.tokens) == n_ahead
+    return drafter, context, chain.tokens, drafter._ahead.tokens[0]
+
+
+def test_drafts_made_ahead_are_used_only_after_the_text_they_followed(draft):
+    drafter, context, chain, guess = drafted_ahead(draft)
+    other = chain[1] + 1
+    # the same length, the guess last, but the chain's second token rejected: another text
+    wrong = [*context, chain[0], other, chain[2], guess]
+    assert overlap.take_ahead(drafter, wrong, 3, None, np.random.default_rng(0)) == ([], [])
+    drafter, context, chain, guess = drafted_ahead(draft)
+    tokens, _ = overlap.take_ahead(drafter, [*context, *chain, guess], 3, None, np.random.default_rng(0))
+    assert len(tokens) == 3 and drafter._ahead is None
+
+
+def test_drafts_made_ahead_are_dropped_once_the_drafting_stream_drew(draft):
+    drafter, context, chain, guess = drafted_ahead(draft)
+    stream = np.random.default_rng(0)
+    stream.random()   # a proposal drew since (a tree's, say): the draws made ahead are not the next
+    assert overlap.take_ahead(drafter, [*context, *chain, guess], 3, None, stream) == ([], [])
+
+
+def test_lag_counts_the_text_the_cache_lacks_while_drafts_made_ahead_are_held(draft):
+    """Plain or lookup steps went on after the drafts made ahead: the cache lacks their 5 tokens,
+    the bonus token and the chain's last, as it would had nothing been drafted ahead."""
+    drafter, context, chain, guess = drafted_ahead(draft, 8)
+    assert drafter.lag([*context, *chain, guess, 7, 8, 9, 10, 11]) == 7

@@ -170,9 +170,9 @@ class AutoDrafter:
         return Draft([*prefix.tokens, *rest.tokens], q, rest.t_host, "mixed",
                      plan.m, prefix.classes, rest.n_first, rest.t_first)
 
-    def draft_ahead(self, context, draft, sampling, rng, done) -> None:
+    def draft_ahead(self, context, draft, sampling, rng, guessing, done) -> None:
         """A model-only draft goes on while the target verifies it (`overlap`)."""
-        self.model.draft_ahead(context, draft, sampling, rng, done)
+        self.model.draft_ahead(context, draft, sampling, rng, guessing, done)
 
     def _score_unused(self, context, controller) -> None:
         """Score lookup's candidate of the last step, if the step did not use it, against what the

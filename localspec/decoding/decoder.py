@@ -148,14 +148,18 @@ def generate_steps(
     if not prompt:
         raise ValueError("empty prompt")
     check_bias_ids(sampling, target.n_vocab)
-    rng, drafting, controller = _prepare(drafter, sampling, decode, controller, rng)
+    rng, drafting, guessing, controller = _prepare(drafter, sampling, decode, controller, rng)
     # Draft on while the target verifies, where its decode waits on other machines and leaves a core
     # free (overlap.py); a step with processing or a grammar is not overlapped (its rows need the text).
+    # Never on a slot (`batched`: serve --parallel), even when asked: its Batcher makes one decode at a
+    # time and counts each generation as one thread, so a verify thread would count as a generation
+    # of its own, and another slot's draft decode could run while this thread reads its draft row, a
+    # view into that same logits buffer. Nothing is lost: the batcher's decodes never run side by side.
     judge = None
     if decode.overlap is None and getattr(target, "remote", False):
         judge = Judge.of(target)
     overlap = (decode.overlap or judge is not None) and not (sampling.grammar or sampling.processed) \
-        and hasattr(drafter, "draft_ahead")
+        and hasattr(drafter, "draft_ahead") and not getattr(target, "batched", False)
     context = list(prompt)
     produced = 0
     # Under a grammar, the state after the text; each step's rows fork it (constrain.RowStates).
@@ -174,7 +178,8 @@ def generate_steps(
                 ahead = None
                 if (overlap and draft is not None and draft.source == "model" and draft.tokens
                         and (judge is None or judge.verdict)):
-                    ahead = lambda done: drafter.draft_ahead(context, draft, sampling, drafting, done)  # noqa: E731
+                    ahead = lambda done: drafter.draft_ahead(  # noqa: E731
+                        context, draft, sampling, drafting, guessing, done)
                 v = _verify_chain(target, draft, context, sampling, grammar, rng, ahead, judge)
             emitted, from_draft, finish, withdrawn = _emit(target, v, produced, decode, stop)
             if grammar is not None and finish is None:
@@ -204,19 +209,22 @@ def generate_steps(
 # -- the phases of a step: draft, verify (a tree or a chain), emit, learn ------------------------------
 
 def _prepare(drafter, sampling: SamplingConfig, decode: DecodeConfig, controller, rng):
-    """(the acceptance rng, the drafting rng, the controller) for one generation."""
+    """(the acceptance rng, the drafting rng, the guesses' rng, the controller) for one generation."""
     if rng is None:
         rng = np.random.default_rng(sampling.seed)
     # Drafting draws from a stream of its own: what a drafter consumes (a draft model samples its
     # tokens, lookup draws nothing) never shifts the acceptance draws, which stay `rng`'s. Seeded
     # by one draw of `rng` (Generator.spawn would do, but needs numpy >= 1.25; 1.24 is allowed).
-    drafting = np.random.default_rng(rng.integers(1 << 63))
+    # Guesses at the bonus token while drafting ahead (overlap.py) have a third: how many are drawn
+    # depends on timing, and no draw the text depends on may move with it.
+    seed = int(rng.integers(1 << 63))
+    drafting, guessing = np.random.default_rng(seed), np.random.default_rng([seed, 1])
     if controller is None:
         controller = KController(
             decode.k_max, fixed_k=decode.k, draft_cost_free=bool(drafter and drafter.draft_cost_free)
         )
     controller.tree_shape = decode.tree_shape   # a fixed shape: the k controller prices its trees
-    return rng, drafting, controller
+    return rng, drafting, guessing, controller
 
 
 def _draft(target, drafter, context, produced, decode, controller, sampling, drafting, grammar):

@@ -140,7 +140,7 @@ class ModelDrafter(_Single):
         self._unread = False
         self.seqs_used: dict[int, int] = {}   # during a tree step: draft node -> its sequence
         self.tree_base = 0                    # tokens of sequence 0 before the tree's first level
-        self._ahead: tuple[int, list[int], list[Dist]] | None = None   # `draft_ahead`'s tokens
+        self._ahead: overlap.Ahead | None = None   # `draft_ahead`'s tokens, until the next proposal
 
     def prepare(self, context: Sequence[int]) -> None:
         self._ahead = None
@@ -156,14 +156,17 @@ class ModelDrafter(_Single):
 
     def lag(self, context: Sequence[int]) -> int:
         # The cache holds a prefix of context[offset:] plus at most a rejected tail (never longer
-        # than one draft), so this counts what a proposal would first have to feed.
-        return max(len(context) - self.offset - len(self.model.tokens), 0)
+        # than one draft), so this counts what a proposal would first have to feed. Tokens drafted
+        # ahead (`overlap`) lengthen that tail until the next proposal: they count as not held.
+        held = self._ahead.held if self._ahead is not None else len(self.model.tokens)
+        return max(len(context) - self.offset - held, 0)
 
     def start(self, context) -> tuple[np.ndarray | None, int, float]:
         """Bring the draft's cache up to `context` (but its last token) and read the last token:
         (the logits row after the context, or None when nothing can be drafted now; tokens read;
         seconds of that first decode). Only sequence 0 is kept."""
         m = self.model
+        self._ahead = None   # the cache is rewound to the text: drafts made ahead are gone
         if self.seqs_used:
             self.settle(None)
         view = context[self.offset :]
@@ -189,7 +192,7 @@ class ModelDrafter(_Single):
 
     def propose(self, context, k, sampling, rng, grammar=None) -> Draft:
         m = self.model
-        tokens, rows = overlap.take_ahead(self, context, k, grammar)
+        tokens, rows = overlap.take_ahead(self, context, k, grammar, rng)
         n_ahead, n_first, first = len(tokens), 0, 0.0
         if n_ahead == k or (tokens and (m.is_eog(tokens[-1]) or tokens[-1] >= self.target_vocab)):
             return Draft(tokens, rows or None, source="model", n_ahead=n_ahead)
@@ -221,9 +224,10 @@ class ModelDrafter(_Single):
         # past one vocabulary's end have p = 0 or q = 0 there, which the rule handles.
         return Draft(tokens, rows or None, host, source="model", n_first=n_first, t_first=first, n_ahead=n_ahead)
 
-    def draft_ahead(self, context, draft: Draft, sampling, rng, done) -> None:
-        """Draft on past `draft` while the target verifies it (`overlap.draft_ahead`)."""
-        self._ahead = overlap.draft_ahead(self, context, draft.tokens, sampling, rng, done)
+    def draft_ahead(self, context, draft: Draft, sampling, rng, guessing, done) -> None:
+        """Draft on past `draft` while the target verifies it (`overlap.draft_ahead`): `rng` the
+        drafting stream, `guessing` the stream of the guesses at the target's bonus token."""
+        self._ahead = overlap.draft_ahead(self, context, draft.tokens, sampling, rng, guessing, done)
 
     def pick(self, row, sampling, rng, rows: list) -> int:
         """The token drafted from `row`: its argmax when greedy, else a draw from its distribution,

@@ -195,6 +195,11 @@ class Slot(Sequences):
     """One generation's part of a shared model: sequences base .. base + width - 1 of `model`,
     seen as 0 .. width - 1, holding at most n_ctx tokens each; decodes go through `batcher`."""
 
+    batched = True
+    """Its decodes go through a `Batcher`, one decode at a time, for the taking-part threads only:
+    a generation on a slot never decodes from a second thread (the decoder drafts ahead only on a
+    `Model`). Set here, not passed through to the model as `remote` and the rest are."""
+
     def __init__(self, model, batcher: Batcher, index: int, width: int, n_ctx: int):
         if (index + 1) * width > model.n_seq:
             raise EngineError(f"slot {index} of width {width} needs n_seq >= {(index + 1) * width}, "
