@@ -51,3 +51,11 @@ def test_a_preset_values_are_not_replaced_by_a_zero_or_empty_flag(tmp_path):
     for name, value, words in (("n_ctx", 0, "n-ctx"), ("drafter", "", "drafter")):
         with pytest.raises(ConfigError, match=words):
             resolve_options(**{**given, "preset": str(preset), "target": str(tmp_path / "t.gguf"), name: value})
+
+
+@pytest.mark.parametrize("args, words", [(("--json-schema", ""), "--json-schema is empty"),
+                                         (("--json-schema", " "), "--json-schema is empty"),
+                                         (("--grammar", ""), "--grammar is empty")])
+def test_an_empty_constraint_names_its_option(args, words):
+    line = one_error_line(run("generate", *args, "--max-tokens", "2", "hi", timeout=60))
+    assert words in line, line

@@ -138,6 +138,10 @@ def test_the_template_messages_of_a_template_without_tools():
     assert messages[3]["content"] == "Tool result (get_weather):\n18 C, sunny\n\nThanks"
     given, offered = template_messages(history, parse_tools({"tools": TOOLS}), "{% for t in tools %}{% endfor %}")
     assert given is history and offered == TOOLS
+    # a result no call was matched to (an Ollama turn with no name and nothing unanswered) says so plainly
+    bare = [{"role": "user", "content": "Hi"}, {"role": "tool", "content": "42"}]
+    messages, _ = template_messages(bare, parse_tools({"tools": TOOLS}), "{{ messages }}")
+    assert messages[-1]["content"] == "Hi\n\nTool result:\n42"
 
 
 def test_more_than_a_megabyte_of_tools_is_refused():

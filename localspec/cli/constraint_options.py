@@ -78,15 +78,18 @@ def grammar_of(grammar: str | None, json_schema: str | None, fmt: str | None) ->
                                   ("--format json", fmt if fmt == "json" else None)) if v is not None]
     if len(given) > 1:
         raise ConfigError(f"{' and '.join(given)} both constrain the output: give one")
+    for option, value in (("--grammar", grammar), ("--json-schema", json_schema)):
+        if value is not None and not value.strip():   # not "none": the user asked for one
+            raise ConfigError(f"{option} is empty: give a file{' or the schema itself' if option == '--json-schema' else ''}")
     if grammar is not None:
         text = _read(grammar, "grammar")
-        if not text.strip():   # not "no grammar": the user asked for one
-            raise ConfigError(f"grammar file {grammar} is empty")
+        if not text.strip():
+            raise ConfigError(f"--grammar: the grammar file {grammar!r} is empty")
         return text, Path(grammar).name
     if json_schema is not None:
         text = json_schema if _inline(json_schema) else _read(json_schema, "JSON schema")
         if not text.strip():
-            raise ConfigError(f"JSON schema file {json_schema} is empty")
+            raise ConfigError(f"--json-schema: the JSON schema file {json_schema!r} is empty")
         name = "schema" if text is json_schema else f"schema {Path(json_schema).name}"
         try:
             return schema_grammar(text), name

@@ -11,8 +11,10 @@ of any size costs ~1.6-2.6x a replayed step (measured on an H200).
 With stable shapes a model pads each small decode that wants logits to the size it has been using
 (`Shapes.rows`): the extra rows repeat the last token at the following positions, every row asks
 for logits so the output's shape is fixed too, and the padding's cache cells are removed at once.
-The real rows are unchanged by construction: a row attends only to positions up to its own, and
-the padding comes after every real row. The size grows at once to fit a larger request that wants
+The real rows attend to what they would unpadded: a row attends only to positions up to its own,
+and the padding comes after every real row. Their values may still differ in the last bits, as
+llama.cpp's kernels round differently at another batch size (~1e-4 seen), so greedy output equals
+plain decoding up to counted near-ties, as at any batch size. The size grows at once to fit a larger request that wants
 every row's logits (a verify, a tree, a draft token) and shrinks only after SHRINK_AFTER requests
 in a row would have fitted half of it, so that a steady stream of decodes keeps one shape. A long
 read that wants only its last logits (a draft model catching up on many tokens) is decoded as it

@@ -185,7 +185,8 @@ def template_messages(messages: list[dict], tools: Tools | None, template: str |
             calls = "\n".join(call_text(c["function"]["name"], c["function"]["arguments"], fmt) for c in m["tool_calls"])
             text = f"{text}\n{calls}" if text else calls
         if role == "tool":
-            role, text = "user", f"Tool result ({m.get('name') or m.get('tool_call_id')}):\n{text}"
+            who = m.get("name") or m.get("tool_call_id")   # neither: an Ollama turn no call was matched to
+            role, text = "user", (f"Tool result ({who}):\n{text}" if who else f"Tool result:\n{text}")
         if out and role == "user" == out[-1]["role"] and m["role"] != out[-1].get("was"):
             out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{text}"}
             continue
