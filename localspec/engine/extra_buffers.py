@@ -36,9 +36,13 @@ ENV = "LOCALSPEC_EXTRA_BUFFERS"
 PROBE_SECONDS = 120     # a probe that has not answered by then is taken as a fault (and not kept)
 TOLERANCE = 1e-2        # largest difference from the plain buffer's product, relative to its largest
                         # value: both quantize the activations alike, so only summation order differs
-TYPES = {"q4_0": 2, "q8_0": 8, "q4_K": 12, "q6_K": 14}   # ggml_type values: AMX kernels exist for each
-K, N, MS = 256, 64, (1, 32)   # a row of 256 fits every type's block; AMX wants N % 32 == 0, and takes
-                              # a vector kernel for one activation row and its tiles for 32
+TYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14, "iq4_xs": 23}
+"""ggml_type values of the weight types ggml's AMX code has kernels for (`qtype_has_amx_kernels`)."""
+K, N, MS = 2048, 64, (1, 32)   # rows of 2048 fit every type's block and what newer ggml's AMX asks
+                               # (K % 2048); AMX wants N % 32 == 0, and takes a vector kernel for one
+                               # activation row and its tiles for 32
+KEPT = ("ok", "fault", "wrong")   # verdicts kept for the build: the others (a timeout, a probe that
+                                  # could not start or died of another signal) may not recur
 _F32 = 0
 
 
@@ -85,7 +89,7 @@ def state(run_probe: bool = True) -> dict:
     kept = _read(record_path())
     if kept is None and run_probe:
         kept = probe()
-        if kept["verdict"] != "timeout":
+        if kept["verdict"] in KEPT:
             _write(record_path(), kept)
         source = "probe"
     else:
@@ -98,7 +102,9 @@ def state(run_probe: bool = True) -> dict:
 
 def probe(command: list[str] | None = None, threads: int | None = None) -> dict:
     """Run the products in a child process (`command` replaces `python -m <this module>`: a test
-    hands one that faults). Returns {verdict: ok | fault | wrong | error | timeout, detail, checked}."""
+    hands one that faults). Returns {verdict: ok | fault | wrong | error | timeout, detail, checked}:
+    `fault` where the child died of an illegal instruction, `error` where it died otherwise or
+    checked no AMX product though the build offers AMX (then nothing says AMX works here)."""
     threads = threads or max(default_threads(), 2)   # AMX runs a tile state per thread: use several
     cmd = command or [sys.executable, "-m", __name__, str(threads)]
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -110,18 +116,23 @@ def probe(command: list[str] | None = None, threads: int | None = None) -> dict:
         return {"verdict": "error", "detail": f"CPU check could not start ({e.strerror or e})", "checked": now}
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name if -done.returncode in signal.valid_signals() else str(-done.returncode)
-        return {"verdict": "fault", "detail": f"AMX code faults on this CPU (a test product died: {name})", "checked": now}
+        if -done.returncode == signal.SIGILL:
+            return {"verdict": "fault", "detail": f"AMX code faults on this CPU (a test product died: {name})",
+                    "checked": now}
+        return {"verdict": "error", "detail": f"CPU check died ({name})", "checked": now}
     try:
         errors = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         why = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return {"verdict": "error", "detail": f"CPU check failed (exit {done.returncode}: {why})", "checked": now}
+    if "AMX" in offered() and not any(k.startswith("AMX/") for k in errors):
+        return {"verdict": "error", "detail": "CPU check reached no AMX product", "checked": now, "errors": errors}
     bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
     if bad:
         worst = max(bad, key=lambda k: bad[k] if np.isfinite(bad[k]) else np.inf)
         return {"verdict": "wrong", "detail": f"extra buffer products differ on this CPU ({worst}: {bad[worst]:.3g})",
                 "checked": now, "errors": errors}
-    return {"verdict": "ok", "detail": f"AMX and repacked products match the plain ones ({len(errors)} checked)",
+    return {"verdict": "ok", "detail": f"the extra buffers' products match the plain ones ({len(errors)} checked)",
             "checked": now, "errors": errors}
 
 
@@ -145,6 +156,7 @@ def products(threads: int) -> dict[str, float]:
     if set_threads:
         ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)(set_threads)(backend, threads)
     plain = lib.ggml_backend_dev_buffer_type(cpu)
+    _check_layout(lib, plain)
     rng = np.random.default_rng(0)
     xs = {m: rng.standard_normal((m, K), dtype=np.float32) for m in MS}
     out: dict[str, float] = {}
@@ -199,6 +211,22 @@ def _supported(lib, cpu, buft, gtype: int, m: int) -> bool:
 _BUFFER_OFFSET = 8   # struct ggml_tensor { enum ggml_type type; struct ggml_backend_buffer * buffer; ...
 
 
+def _check_layout(lib, plain) -> None:
+    """That ggml_tensor.buffer is where `_supported` writes it: a tensor allocated in a buffer
+    must point to that buffer there (checked before anything is written through the offset)."""
+    ctx = _context(lib, 1)
+    try:
+        w = lib.ggml_new_tensor_2d(ctx, _F32, 32, 1)
+        buffer = lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx, plain)
+        try:
+            if ctypes.c_void_p.from_address(w + _BUFFER_OFFSET).value != buffer:
+                raise RuntimeError("ggml_tensor's layout is not the one this check was written for")
+        finally:
+            lib.ggml_backend_buffer_free(buffer)
+    finally:
+        lib.ggml_free(ctx)
+
+
 def _product(lib, backend, wbuft, plain, gtype: int, q: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x · Wᵀ with W (quantized, `q`) in a buffer of type `wbuft`, computed by `backend`."""
     wctx, actx = _context(lib, 1), _context(lib, 2, graph=True)
@@ -206,8 +234,6 @@ def _product(lib, backend, wbuft, plain, gtype: int, q: np.ndarray, x: np.ndarra
     try:
         w = lib.ggml_new_tensor_2d(wctx, gtype, K, N)
         buffers.append(lib.ggml_backend_alloc_ctx_tensors_from_buft(wctx, wbuft))
-        if ctypes.c_void_p.from_address(w + _BUFFER_OFFSET).value != buffers[-1]:
-            raise RuntimeError("ggml_tensor's layout is not the one this check was written for")
         lib.ggml_backend_tensor_set(w, q.ctypes.data, 0, q.nbytes)
         xt = lib.ggml_new_tensor_2d(actx, _F32, K, x.shape[0])
         y = lib.ggml_mul_mat(actx, w, xt)
