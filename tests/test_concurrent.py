@@ -28,7 +28,8 @@ import localspec.decoding.decoder
 from localspec.config import DecodeConfig, ModelConfig, SamplingConfig
 from localspec.decoding.controller import KController
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.engine import Cancelled, Model
 from localspec.engine.slots import Batcher, Slot
 from localspec.loading.pool import SlotPool

@@ -7,7 +7,8 @@ import pytest
 
 from localspec.config import ConfigError, DecodeConfig, ModelConfig, SamplingConfig
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.engine import Model
 from localspec.decoding.auto import AutoDrafter
 from tests.test_exact_e2e import Mixed
@@ -249,8 +250,12 @@ class _Bursts:
             pass
 
         @staticmethod
-        def extra(n):
+        def extra(n, usual=2):
             return 0.0
+
+        @staticmethod
+        def lined():   # never: every catch-up is read in a decode of its own
+            return False
 
 
 def test_draft_restarts_on_a_window_after_long_plain_stretches(target, draft, plain_f32):

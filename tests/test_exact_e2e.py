@@ -62,7 +62,8 @@ from localspec.decoding.acceptance import accept_sampled
 from localspec.config import DecodeConfig, SamplingConfig
 from localspec.decoding.decoder import generate_steps
 from localspec.decoding.dists import Dense
-from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.decoding.auto import AutoDrafter, Plan
 from tests.law_helpers import (ALPHA, CFG, REPEATING, Check, Target, always_accept, chi2_check, chi2_critical, dense_spy,
                                q_misaligned, residual_is_p)

@@ -29,7 +29,7 @@ import localspec.decoding.decoder
 from localspec.config import DecodeConfig, ModelConfig, SamplingConfig
 from localspec.decoding import constrain as C
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.decoding.processing import window
 from localspec.decoding.sampling import distribution
 from localspec.engine import ANY_JSON_OBJECT, GrammarError, Model, schema_grammar
@@ -509,7 +509,8 @@ def test_a_mixed_draft_whose_lookup_part_ends_the_text_under_a_grammar(pair, mon
     `Grammar.accept` refuse the end token, and GrammarError escaped generate_steps (a 500 from
     serve). The model part cannot follow an end: the draft is the lookup part."""
     from localspec.decoding.auto import AutoDrafter, Plan
-    from localspec.decoding.drafters import Draft, ModelDrafter
+    from localspec.decoding.drafters import Draft
+    from localspec.decoding.model_drafter import ModelDrafter
 
     m = pair.target
     prompt = m.tokenize("Give me a JSON object.", add_special=False)

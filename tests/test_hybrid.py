@@ -117,7 +117,7 @@ COPY = list(range(100, 130)) + [7, 7] + list(range(100, 120))   # the text is co
 def test_a_fixed_k_split_reads_only_this_generations_record(draft):
     """With a fixed k, what an earlier generation taught the controller (lookup failing, the model
     accepted) must not change this one's split: at T > 0 the text depends on who drafted."""
-    from localspec.decoding.drafters import ModelDrafter
+    from localspec.decoding.model_drafter import ModelDrafter
     from localspec.decoding.auto import AutoDrafter
 
     fresh, worn = KController(12, fixed_k=4), KController(12, fixed_k=4)
@@ -134,7 +134,8 @@ def test_a_fixed_k_split_reads_only_this_generations_record(draft):
 
 
 def test_a_new_generation_does_not_score_the_last_ones_unused_candidate(draft):
-    from localspec.decoding.drafters import Draft, ModelDrafter
+    from localspec.decoding.drafters import Draft
+    from localspec.decoding.model_drafter import ModelDrafter
     from localspec.decoding.auto import AutoDrafter
 
     c = KController(12)

@@ -15,7 +15,7 @@ from localspec.config import DecodeConfig, SamplingConfig
 from localspec.decoding import overlap
 from localspec.decoding.auto import AutoDrafter
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.model_drafter import ModelDrafter
 from tests.law_helpers import CFG, REPEATING
 from localspec import machine
 from tests.test_exact_e2e import Scaled, check, reference  # noqa: F401 - `reference` is a fixture
@@ -208,7 +208,7 @@ OVER_A_WORKER = """
 import json, sys
 from localspec.config import DecodeConfig, ModelConfig, Placement, SamplingConfig
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.engine import Model, connect_workers
 target_path, draft_path, endpoint, texts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 greedy, out = SamplingConfig(temperature=0.0), []

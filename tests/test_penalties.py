@@ -24,11 +24,12 @@ import pytest
 import llama_cpp as C
 
 import localspec.decoding.decoder
-import localspec.decoding.drafters
+import localspec.decoding.model_drafter
 import localspec.decoding.sampling
 from localspec.config import DecodeConfig, ModelConfig, SamplingConfig
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.decoding.processing import process, window
 from localspec.engine import Model
 from localspec.loading.session import LoadConfig, Session
@@ -241,7 +242,7 @@ def test_verify_rows_past_the_first_unbiased_fail(tiny, biased, monkeypatch):
 
 def test_an_unprocessed_draft_still_follows_the_target(tiny, monkeypatch):
     target, draft, ref = tiny
-    monkeypatch.setattr(localspec.decoding.drafters, "processed", lambda row, cfg, seen, i, states=None: row)
+    monkeypatch.setattr(localspec.decoding.model_drafter, "processed", lambda row, cfg, seen, i, states=None: row)
     result = law_check(ref, law_runs(target, draft, ref, RUNS))
     print("unprocessed draft", result)
     assert result["forbidden"] == 0 and result["rank"] < result["rank_crit"] and result["first"].ok

@@ -14,7 +14,8 @@ import llama_cpp as C
 import localspec.decoding.decoder
 from localspec.config import DecodeConfig, ModelConfig, Placement
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.engine import Model
 from localspec.engine.shapes import SHRINK_AFTER, TOP, Shapes, bucket
 from tests.law_helpers import CFG as CFG_T1, NEAR_TIE, REPEATING, Target, always_accept, near_tie_gap

@@ -1,8 +1,10 @@
 """A stale warm-start record is corrected within one run, on the real default pair (issue: a record
 from a busy hour kept `auto` plain on 84-88 % of steps, run after run, as nothing re-timed what was
-never tried). Three records, each written over a true one made by a cold run here: costs 10× too
-slow, a drafter that "never pays" (drafting 30× dearer, α 0.1), and an erratic one (every timing
-off by up to 5× either way, α off, saved with low weight). Each run must try the draft model within
+never tried). Four records, each written over a true one made by a cold run here: costs 10× too
+slow, a drafter that "never pays" (drafting 30× dearer, α 0.1), an erratic one (every timing
+off by up to 5× either way, α off, saved with low weight), and a real one from a busy hour
+(tests/records/loaded-hour.json: its draft line steep, no first-decode line, so the test's catch-up
+was priced as drafting; it kept the draft model off on 93-95 % of steps, 0.82× a cold run). Each run must try the draft model within
 EXPLORE_FIRST plain steps, then use it on about as many of its steps as a cold run beside it does
 (on a quiet machine, nearly all, counting the steps prompt lookup did not serve), and leave a record close to the true one.
 
@@ -28,6 +30,7 @@ _spec = importlib.util.spec_from_file_location("stale_records", Path(__file__).r
 stale_records = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(stale_records)
 slow10, never_pays, erratic = stale_records.slow10, stale_records.never_pays, stale_records.erratic
+loaded_hour = stale_records.loaded_hour
 
 ARGS = ["--max-tokens", "256", "--temperature", "1", "--seed", "1", "--threads", "2", "--json"]
 PROMPT = stale_records.PROMPT
@@ -61,7 +64,7 @@ def true_record(model_paths, tmp_path_factory) -> dict:
         return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("spoil", [slow10, never_pays, erratic])
+@pytest.mark.parametrize("spoil", [slow10, never_pays, erratic, loaded_hour])
 def test_a_stale_record_is_corrected_within_one_run(model_paths, warm_cache, monkeypatch, true_record, spoil):
     _quiet(monkeypatch)
     rec = spoil(json.loads(json.dumps(true_record))) | {"saved": time.time()}

@@ -11,7 +11,8 @@ import pytest
 
 from localspec.config import DecodeConfig, SamplingConfig
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.decoding.stats import RunStats
 from localspec.decoding.stream import TextStream, stream_text
 

@@ -18,7 +18,8 @@ import localspec.decoding.decoder
 from localspec.config import DecodeConfig, ModelConfig, SamplingConfig
 from localspec.decoding.auto import AutoDrafter
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.engine import Model
 from tests.law_helpers import CFG, REPEATING, Target, no_residual_update, rest_collapsed_tree
 from tests.test_exact_e2e import check as law_check

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from localspec.config import DecodeConfig, ModelConfig, SamplingConfig  # noqa: E402
 from localspec.decoding.controller import KController  # noqa: E402
 from localspec.decoding.decoder import generate_steps  # noqa: E402
-from localspec.decoding.drafters import ModelDrafter  # noqa: E402
+from localspec.decoding.model_drafter import ModelDrafter  # noqa: E402
 from localspec.decoding.stats import RunStats  # noqa: E402
 from localspec.engine import Model  # noqa: E402
 from localspec.engine.reference import ReferenceModel  # noqa: E402

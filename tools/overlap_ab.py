@@ -17,7 +17,7 @@ import time
 from localspec.config import DecodeConfig, ModelConfig, SamplingConfig, Placement
 from localspec.engine import Model, connect_workers
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.decoding.auto import AutoDrafter
 from localspec.decoding.controller import KController
 from localspec.loading.defaults import default_draft_path, default_target_path

@@ -3,11 +3,13 @@ per spoiling and seed, a `--no-warm-start` run and a run started from the spoile
 back, and their tokens/s, the draft model's steps and the draft cost saved afterwards.
 
     python tools/stale_records.py [--temperature 0] [--seeds 1 2] [--max-tokens 256] [--threads 2]
-                                  [--prompt TEXT] [-- EXTRA GENERATE OPTIONS]
+                                  [--prompt TEXT] [--only NAME] [--repeats N] [--show-steps]
+                                  [-- EXTRA GENERATE OPTIONS]
 
 The spoilings (also what tests/test_stale_records.py runs): every cost 10x too slow (`slow10`); a
 drafter that "never pays" (drafting and catch-ups 30x dearer, α 0.1); an erratic record (every
-timing off by up to 5x either way, α 0.3, weight 0.35). At --temperature 0 both runs write the same
+timing off by up to 5x either way, α 0.3, weight 0.35); and a real record from a busy hour
+(`loaded_hour`, tests/records/loaded-hour.json). At --temperature 0 both runs write the same
 text, so their ratio is the record's whole cost; at T > 0 they sample different texts. It runs in a
 cache directory of its own (the model files linked in), so the user's records are not touched.
 """
@@ -71,7 +73,17 @@ def erratic(rec: dict) -> dict:
     return rec
 
 
-SPOILINGS = (slow10, never_pays, erratic)
+REAL = Path(__file__).resolve().parent.parent / "tests" / "records" / "loaded-hour.json"
+
+
+def loaded_hour(rec: dict) -> dict:
+    """Not a spoiling but a real record, written while other work shared a 2-core CPU (verify
+    2.6-8x too slow, drafting 46 ms a token, long drafts dearer per token than short ones, no
+    first-decode line): its costs and α, under this run's key."""
+    return json.loads(REAL.read_text()) | {"key": rec["key"]}
+
+
+SPOILINGS = (slow10, never_pays, erratic, loaded_hour)
 
 
 def main() -> None:
@@ -81,6 +93,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", default="256")
     ap.add_argument("--threads", default="2")
     ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--repeats", type=int, default=1, help="cold/spoiled pairs per seed, in alternating order")
+    ap.add_argument("--show-steps", action="store_true", help="print each run's drafter per step (p/m/l)")
+    ap.add_argument("--only", choices=[f.__name__ for f in SPOILINGS], action="append",
+                    help="run only these records (repeatable)")
     ap.add_argument("extra", nargs="*", help="more `localspec generate` options, after --")
     a = ap.parse_args()
     cache = tempfile.mkdtemp(prefix="localspec-stale-")
@@ -98,20 +114,33 @@ def main() -> None:
         gen("--seed", "9", "--temperature", t)
     (path,) = (Path(cache) / "controller").glob("*.json")
     true = json.loads(path.read_text())
-    for spoil in SPOILINGS:
+    for spoil in [f for f in SPOILINGS if not a.only or f.__name__ in a.only]:
         for seed in a.seeds:
-            cold = gen("--seed", seed, "--temperature", a.temperature, "--no-warm-start")
-            path.write_text(json.dumps(spoil(json.loads(json.dumps(true))) | {"saved": time.time()}))
-            warm = gen("--seed", seed, "--temperature", a.temperature)
-            steps = warm["step_drafters"]
-            saved = json.loads(path.read_text())["drafters"]["model"]["draft_cost"]
-            print(f"{spoil.__name__:10s} seed {seed}: spoiled {warm['tokens_per_second']:.1f} t/s, model on "
-                  f"{steps.count('model')}/{len(steps)} steps, first at {steps.index('model') if 'model' in steps else None}"
-                  f" | cold {cold['tokens_per_second']:.1f} t/s | ratio {warm['tokens_per_second'] / cold['tokens_per_second']:.2f}"
-                  f" | saved draft cost {saved * 1e3:.1f} ms (true {true['drafters']['model']['draft_cost'] * 1e3:.1f})",
-                  flush=True)
-            path.write_text(json.dumps(true))
-
+            ratios = []
+            for r in range(a.repeats):   # pairs in alternating order: a phase change hits both sides
+                runs = {}
+                for side in (("cold", "spoiled") if r % 2 == 0 else ("spoiled", "cold")):
+                    if side == "cold":
+                        runs[side] = gen("--seed", seed, "--temperature", a.temperature, "--no-warm-start")
+                    else:
+                        path.write_text(json.dumps(spoil(json.loads(json.dumps(true))) | {"saved": time.time()}))
+                        runs[side] = gen("--seed", seed, "--temperature", a.temperature)
+                        saved = json.loads(path.read_text())["drafters"]["model"]["draft_cost"]
+                        path.write_text(json.dumps(true))
+                warm, cold = runs["spoiled"], runs["cold"]
+                steps = warm["step_drafters"]
+                ratios.append(warm["tokens_per_second"] / cold["tokens_per_second"])
+                print(f"{spoil.__name__:10s} seed {seed}: spoiled {warm['tokens_per_second']:.1f} t/s, model on "
+                      f"{steps.count('model')}/{len(steps)} steps, first at {steps.index('model') if 'model' in steps else None}"
+                      f" | cold {cold['tokens_per_second']:.1f} t/s, model on {cold['step_drafters'].count('model')}/"
+                      f"{len(cold['step_drafters'])} | ratio {ratios[-1]:.2f} | saved draft cost {saved * 1e3:.1f} ms "
+                      f"(true {true['drafters']['model']['draft_cost'] * 1e3:.1f})", flush=True)
+                if a.show_steps:
+                    for name, run in (("spoiled", warm), ("cold", cold)):
+                        print(f"  {name:7s} " + "".join(x[0] for x in run["step_drafters"]), flush=True)
+            if a.repeats > 1:
+                print(f"{spoil.__name__:10s} seed {seed}: median ratio {float(np.median(ratios)):.2f} of {a.repeats} pairs",
+                      flush=True)
 
 if __name__ == "__main__":
     main()

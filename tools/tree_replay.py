@@ -64,7 +64,8 @@ def main() -> None:
     from localspec.bench.run import load_prompts
     from localspec.config import DecodeConfig, SamplingConfig
     from localspec.decoding.decoder import generate_steps
-    from localspec.decoding.drafters import ModelDrafter, PromptLookup
+    from localspec.decoding.drafters import PromptLookup
+    from localspec.decoding.model_drafter import ModelDrafter
     from localspec.loading.session import LoadConfig, Session
 
     session = Session.load(LoadConfig(drafter="auto", n_seq=8))

@@ -33,7 +33,8 @@ from typing import Sequence
 import numpy as np
 
 from .controller import ALPHA_PRIOR, KController
-from .drafters import LOOKUP_OPTIMISM, SYNC_LAG, Draft, ModelDrafter, PromptLookup, best_lookup, lookup_expectation, split_draft_time
+from .drafters import LOOKUP_OPTIMISM, SYNC_LAG, Draft, PromptLookup, best_lookup, lookup_expectation, split_draft_time
+from .model_drafter import ModelDrafter
 from localspec.tokens import common_prefix
 
 
@@ -142,6 +143,7 @@ class AutoDrafter:
         return self.model.lag(context)
 
     def plan(self, context, cap, controller) -> int:
+        self.model.follow(controller)
         self._score_unused(context, controller)
         self.lookup.limit(context, cap, controller)
         candidate, classes = self.lookup.candidate()
@@ -168,7 +170,7 @@ class AutoDrafter:
         rest = self.model.propose([*context, *prefix.tokens], k - plan.m, sampling, rng, grammar=grammar)
         q = None if rest.q is None else [None] * plan.m + list(rest.q)
         return Draft([*prefix.tokens, *rest.tokens], q, rest.t_host, "mixed",
-                     plan.m, prefix.classes, rest.n_first, rest.t_first)
+                     plan.m, prefix.classes, rest.n_first, rest.t_first, catchup=rest.catchup)
 
     def draft_ahead(self, context, draft, sampling, rng, guessing, done) -> None:
         """A model-only draft goes on while the target verifies it (`overlap`)."""

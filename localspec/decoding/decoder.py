@@ -156,10 +156,11 @@ def generate_steps(
     # of its own, and another slot's draft decode could run while this thread reads its draft row, a
     # view into that same logits buffer. Nothing is lost: the batcher's decodes never run side by side.
     judge = None
-    if decode.overlap is None and getattr(target, "remote", False):
-        judge = Judge.of(target)
+    batched = getattr(target, "batched", False)
+    if decode.overlap is None and getattr(target, "remote", False) and not batched:
+        judge = Judge.of(target)   # (it times the CPUs during decodes: not where it cannot be used)
     overlap = (decode.overlap or judge is not None) and not (sampling.grammar or sampling.processed) \
-        and hasattr(drafter, "draft_ahead") and not getattr(target, "batched", False)
+        and hasattr(drafter, "draft_ahead") and not batched
     context = list(prompt)
     produced = 0
     # Under a grammar, the state after the text; each step's rows fork it (constrain.RowStates).

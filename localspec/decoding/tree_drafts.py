@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from localspec.config import MAX_TREE_NODES, tree_leaves
-from .drafters import Draft, ModelDrafter, PromptLookup, split_draft_time
+from .drafters import Draft, PromptLookup, split_draft_time
+from .model_drafter import ModelDrafter
 from .dists import Dist
 from .constrain import NothingAllowed
 from .processing import window
@@ -37,7 +38,7 @@ def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sam
     under a masked grammar (`grammar`: the state after the context) each node's row is masked by
     the state on its path."""
     m = drafter.model
-    row, n_first, first = drafter.start(context)
+    row, n_first, first, catchup = drafter.start(context)
     if row is None:
         return Draft([])
     drafter.tree_base = len(m.tokens)
@@ -101,7 +102,7 @@ def model_tree(drafter: ModelDrafter, context, k: int, shape: Sequence[int], sam
         frontier = [(i, s, out[j], states.get(i)) for j, (i, s) in enumerate(zip(nodes, rows_seq))]
     sampled = not sampling.greedy
     tree = DraftTree(tokens, parents, qs if sampled else None)
-    return Draft(tokens, tree.q, host, source="model", n_first=n_first, t_first=first, tree=tree)
+    return Draft(tokens, tree.q, host, source="model", n_first=n_first, t_first=first, tree=tree, catchup=catchup)
 
 
 def path_to(node: int, tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
@@ -278,4 +279,5 @@ def as_chain(draft: Draft) -> Draft:
     path = chain_of(draft.tree)
     q = None if draft.q is None else [draft.q[i] for i in path]
     return Draft([draft.tokens[i] for i in path], q, draft.t_host, draft.source,
-                 len(path) if draft.n_lookup else 0, draft.classes[:len(path)], draft.n_first, draft.t_first)
+                 len(path) if draft.n_lookup else 0, draft.classes[:len(path)], draft.n_first, draft.t_first,
+                 catchup=draft.catchup)

@@ -13,7 +13,8 @@ import numpy as np
 from localspec.config import DecodeConfig, SamplingConfig
 from localspec.decoding.controller import ALPHA_PRIOR, ALPHA_PRIOR_WEIGHT, KController, expected_tokens
 from localspec.decoding.decoder import generate_steps
-from localspec.decoding.drafters import ModelDrafter, PromptLookup
+from localspec.decoding.drafters import PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec import machine
 from localspec.decoding.stats import positions_tested
 from localspec.loading.controllers import k_max_for

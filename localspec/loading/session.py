@@ -14,7 +14,8 @@ from localspec import machine
 from . import vocab
 from localspec.config import DRAFTERS, MIN_BATCH, N_BATCH, NEEDS_DRAFT, ConfigError, ModelConfig, Placement
 from localspec.tokens import prompt_fits
-from localspec.decoding.drafters import Drafter, ModelDrafter, PromptLookup
+from localspec.decoding.drafters import Drafter, PromptLookup
+from localspec.decoding.model_drafter import ModelDrafter
 from localspec.decoding.auto import AutoDrafter
 from localspec.engine import EngineError, Model, WorkerError, check_gguf, connect_workers, load_failure
 from localspec.engine.gguf import GGUFFormatError, read_info

@@ -17,6 +17,8 @@ from .costs import COST_CLIP, COST_WEIGHT, ewma, fit_line, fit_weights, line_fit
 
 FIRST_DECODE_PRIOR_SLOPE = 0.1  # per extra token read, as a share of a one-token decode, until two
                                 # sizes are timed: larger prices a catch-up dearer before it is timed
+USUAL_FIRST = 2            # tokens a drafting step's first decode reads after an all-accepted step:
+                           # the last draft token and the bonus token (its usual size)
 FIRST_DECODE_MAX = 512     # longer first decodes (a prompt's prefill) are not learned from: larger
                            # lets rare long reads pull the line fitted to catch-ups
 
@@ -27,7 +29,8 @@ class DraftCost:
 
     A warm start's lengths are believed, at today's level (the first timing here sets it, as
     `costs.replace_recorded` does), until this run has timed two lengths of its own; then only
-    those are fitted, and the record's are forgotten after the verify costs' trust (`forget_recorded`).
+    those are fitted, and the record's are forgotten after the verify costs' trust (`forget_recorded`),
+    or at once after the draft that tests a record's plain verdict (`observe`'s `test`).
     A record's length that no run re-timed was otherwise written back run after run: seen, 1 token
     12 ms and 3 tokens 59 ms beside 2 tokens 1.7 ms timed each run, a fitted 24 ms a token that
     wrote a 128k-vocabulary pair off as hopeless."""
@@ -42,7 +45,12 @@ class DraftCost:
         self._resume_recorded = False           # resume is a warm start's, not timed here
         self._per_token_recorded = False        # per_token is a warm start's, not timed here
 
-    def observe(self, n: int, seconds: float, resume: float = 0.0) -> None:
+    def observe(self, n: int, seconds: float, resume: float = 0.0, test: bool = False) -> None:
+        """One drafting of n tokens; `test`: the draft that tests a warm start's plain verdict, after
+        which only this run's lengths are priced (the record's are forgotten at once). A record from
+        a busy hour can be wrong in shape, not just in level: a real one priced 1 token 54 ms and
+        7 tokens 593 ms (85 a token), and rescaled to the test's 2 tokens, its line still priced a
+        token 2.5x what the test had just paid, and kept the run plain."""
         if math.isfinite(resume) and resume > 0:   # a record's gives way to the first timing here
             self.resume = resume if self._resume_recorded else ewma(self.resume, resume, COST_WEIGHT)
             self._resume_recorded = False
@@ -61,6 +69,8 @@ class DraftCost:
         self.by_n[n] = seconds if n not in self._count else ewma(self.by_n.get(n), seconds, COST_WEIGHT)
         self._count[n] = self._count.get(n, 0) + 1
         self._line = None
+        if test:
+            self.forget_recorded()
 
     def rescale(self, ratio: float) -> None:
         """Today's speed (from a verify timing) sets the level of a recorded, untimed draft cost,
@@ -203,7 +213,11 @@ class BatchCost:
         base, slope = self._line
         return base + slope * n
 
-    def extra(self, n, usual: int = 2):
+    def lined(self) -> bool:
+        """Whether the line rests on two sizes timed here (a catch-up can then be told apart)."""
+        return sum(1 for x in self._by_n if x not in self.recorded) >= 2
+
+    def extra(self, n, usual: int = USUAL_FIRST):
         """What reading n tokens (an int or an array of them) costs beyond the usual in-step first
         decode (≈ `usual` tokens): the line's slope times the tokens past `usual`."""
         if self.predict(usual) is None:

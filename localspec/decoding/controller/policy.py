@@ -258,7 +258,7 @@ class KController:
             if self.probes.probing:   # against the plain steps its tokens would have taken
                 loss = t_draft + t_resume + self._last_verify - (n_accepted + 1) * float(self.verify_curve(1)[0])
         if timed > 0:
-            self.draft_costs.observe(timed, t_draft, t_resume)
+            self.draft_costs.observe(timed, t_draft, t_resume, testing)
         if self.probes.probing:   # only then is the draft priced against the estimate
             self._learn_probe(n_drafted, n_accepted, loss, testing)
         self.acceptance.observe(n_drafted, n_accepted)
@@ -272,7 +272,7 @@ class KController:
             # less than REFUTED chance under it (a "never pays" record held α 0.1 as 16 trials: two
             # probes' hits hardly moved it, and probes grew rare). Start over as a cold run does:
             # from the prior, with the start-up's drafting steps, which time the drafting afresh
-            # (this draft's catch-up was split by the record's line, and may be counted as drafting),
+            # (this draft's catch-up may have been priced by the record's first-decode line),
             # and the verify costs this run has timed, not the record's (an erratic record's sizes
             # were off by up to 5× either way, and kept half the run's steps plain). The test's
             # loss was a cold start's price, not a probe's: left in the budget, it (a cold first
