@@ -234,6 +234,8 @@ def test_bad_decode_options_are_config_errors():
 class _Bursts:
     """A stand-in controller: long plain stretches, then one speculative step."""
 
+    fixed_k = None   # adaptive, as far as the drafter can tell
+
     def __init__(self):
         self.n = 0
 
