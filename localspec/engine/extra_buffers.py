@@ -68,14 +68,14 @@ def usable() -> bool:
     yes, unless this CPU lists AMX, the build offers it, and the probe (once per build, CPU and
     kernel) failed — then once a notice on stderr."""
     status = state()
-    if status["verdict"] not in ("ok", "unchecked", "forced on") and status["source"] != "env":
+    if not status["use"] and status["source"] != "env":
         print(f"localspec: llama.cpp's {status['detail']}; loading weights without its extra CPU buffer "
               f"types (AMX, repacking): slower products on quantized weights, the same output. "
               f"`localspec doctor` shows it; {ENV}=1 forces them.", file=sys.stderr, flush=True)
     return status["use"]
 
 
-def state(run_probe: bool = True) -> dict:
+def state() -> dict:
     """What `usable` decides and why: {use, verdict, detail, source, offered, amx_listed, record}."""
     out = {"amx_listed": cpu_lists_amx(), "offered": offered(), "record": str(record_path())}
     forced = os.environ.get(ENV, "").strip().lower()
@@ -87,15 +87,11 @@ def state(run_probe: bool = True) -> dict:
         return {**out, "use": True, "verdict": "unchecked", "source": "none",
                 "detail": "no AMX buffer type here: nothing to check"}
     kept = _read(record_path())
-    if kept is None and run_probe:
-        kept = probe()
+    source = "record"
+    if kept is None:
+        kept, source = probe(), "probe"
         if kept["verdict"] in KEPT:
             _write(record_path(), kept)
-        source = "probe"
-    else:
-        source = "record"
-    if kept is None:
-        return {**out, "use": True, "verdict": "unchecked", "source": "none", "detail": "not probed yet"}
     return {**out, "use": kept["verdict"] == "ok", "verdict": kept["verdict"], "source": source,
             "detail": kept["detail"], "checked": kept.get("checked")}
 
